@@ -1,0 +1,15 @@
+"""The float64 NumPy reference: the executable form of the attnspec text.
+
+``attention`` and ``attention_vjp`` define the semantics that every other
+implementation is checked against; ``definition`` is a literal loop-level
+transcription of the rule formulas, used only to test the vectorised code.
+"""
+
+from spec import SPEC_VERSION
+
+from . import definition
+from .backward import attention_vjp
+from .forward import attention
+from .params import identity_params, init_params
+
+__all__ = ["attention", "attention_vjp", "init_params", "identity_params", "definition", "SPEC_VERSION"]

@@ -1,0 +1,129 @@
+"""The analytic backward pass (vector-Jacobian product), float64.
+
+Derived by hand from ``forward.run``, step by step in reverse; every step
+names the forward rule it differentiates. Rules GRAD-1..GRAD-3.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from spec import AttentionSpec
+from spec.validation import fail_type, fail_value
+
+from . import relative as rel
+from ._inputs import describe, prepare
+from .forward import Trace, run
+from .heads import merge_heads, split_heads
+from .masking import masked_softmax_vjp
+
+
+def _project_vjp(x: np.ndarray, w: np.ndarray, g: np.ndarray):
+    """y = x @ W + b  ->  (dx, dW, db)."""
+    return g @ w.T, np.einsum("bli,blo->io", x, g), g.sum(axis=(0, 1))
+
+
+def _relative_key_vjp(spec: AttentionSpec, trace: Trace, g_term: np.ndarray, grads: dict):
+    """VJP of the relative key term (REL-1, SHAW-3, HUANG-2..4): returns dq, adds d rel_k."""
+    term = trace.key_term
+    table_shape = trace.call.params["rel_k"].shape
+    if term.index is None:  # skew over the reachable rows
+        W = term.table4.shape[-2]
+        g_rows = rel.unskew(g_term, W)  # (B, H, Lq, W)
+        dq, d_rows = rel.rows_logits_vjp(trace.q, term.table4, g_rows)
+        d_table4 = rel.scatter_rows(rel.as_4d(trace.call.params["rel_k"]).shape, term.row,
+                                    term.row_valid, d_rows)
+    else:  # gather by index, with Huang's validity
+        if term.valid is not None:
+            g_term = np.where(term.valid[:, None], g_term, 0.0)
+        g_rows = rel.scatter_buckets(g_term, term.index, term.table4.shape[-2])
+        dq, d_table4 = rel.rows_logits_vjp(trace.q, term.table4, g_rows)
+    grads["rel_k"] = d_table4.reshape(table_shape)
+    return dq
+
+
+def backward(spec: AttentionSpec, trace: Trace, grad_out: np.ndarray) -> dict:
+    call = trace.call
+    p = call.params
+    H = spec.num_heads
+    grads: dict = {}
+
+    # OUT-1: out = merged @ wo + bo
+    d_merged, grads["wo"], dbo = _project_vjp(trace.merged, p["wo"], grad_out)
+    d_o = split_heads(d_merged, H)  # HEAD-2 inverse, (B, H, Lq, d)
+
+    # o = w' @ v  (+ SHAW-4: buckets(w') @ rel_v)
+    d_dropped = d_o @ trace.v.swapaxes(-1, -2)  # (B, H, Lq, Lk)
+    d_v = trace.dropped.swapaxes(-1, -2) @ d_o  # (B, H, Lk, d)
+    if trace.shaw_buckets is not None:
+        rv4 = rel.as_4d(p["rel_v"])
+        # o += buckets @ rel_v: d rel_v = buckets.T @ d_o; d buckets = d_o @ rel_v.T
+        d_rv4 = rel.sum_to(trace.shaw_buckets.swapaxes(-1, -2) @ d_o, rv4.shape)
+        grads["rel_v"] = d_rv4.reshape(p["rel_v"].shape)
+        # buckets = scatter(w') by index: its adjoint is the gather
+        d_dropped = d_dropped + rel.gather_buckets(d_o @ rv4.swapaxes(-1, -2), trace.shaw_index)
+
+    # DROP-1: w' = w * keep / (1 - p)
+    d_weights = d_dropped
+    if call.dropout_keep is not None:
+        d_weights = np.where(call.dropout_keep, d_dropped / (1.0 - spec.dropout), 0.0)
+
+    # SOFTMAX-1 with MASK-5/6: constants at disallowed keys (GRAD-2)
+    d_logits = masked_softmax_vjp(trace.weights, trace.allowed, d_weights)
+
+    # BIAS-1: added unscaled
+    if call.bias is not None:
+        grads["bias"] = rel.sum_to(d_logits, call.bias.shape)
+
+    # SCALE-2: s * q @ k.T
+    s = spec.effective_scale
+    d_q = s * (d_logits @ trace.k)
+    d_k = s * (d_logits.swapaxes(-1, -2) @ trace.q)
+    if trace.key_term is not None:  # SCALE-3
+        d_q = d_q + _relative_key_vjp(spec, trace, spec.relative_scale * d_logits, grads)
+
+    # PROJ-1 and HEAD-1 for q, k, v
+    for name, x, d_head in (("q", call.query, d_q), ("k", None, d_k), ("v", None, d_v)):
+        if x is None:
+            x = call.key if name == "k" else call.value
+            if trace.dead is not None:  # MASK-7: the dead rows were replaced by zeros
+                x = np.where(trace.dead[..., None], 0.0, x)
+        dx, grads["w" + name], db = _project_vjp(x, p["w" + name], merge_heads(d_head))
+        if trace.dead is not None and name != "q":
+            dx = np.where(trace.dead[..., None], 0.0, dx)
+        grads[{"q": "query", "k": "key", "v": "value"}[name]] = dx
+        if spec.bias:
+            grads["b" + name] = db
+    if spec.bias:
+        grads["bo"] = dbo
+    return grads
+
+
+def attention_vjp(spec: AttentionSpec, params: dict, query, key, value, grad_out, *, mask=None,
+                  bias=None, q_positions=None, k_positions=None, dropout_keep=None) -> dict:
+    """Gradients of <attention(...), grad_out> in float64 (GRAD-1).
+
+    Same arguments as ``attention``; ``key`` and ``value`` are required
+    arrays (for self-attention pass the same array three times and add the
+    three input gradients). ``grad_out`` is [B, Lq, D].
+
+    Returns a dict with "query", "key", "value", "bias" (when a bias was
+    given, in the bias's own shape: broadcast axes summed) and one entry per
+    canonical parameter name. Masks, positions and keep masks have no
+    gradient (GRAD-3).
+    """
+    for name, x in (("key", key), ("value", value)):
+        if x is None:
+            raise fail_value(name, "an array (attention_vjp has no self-attention default; pass "
+                             "the query again and add the gradients)", "None")
+    call = prepare(spec, params, query, key, value, mask=mask, bias=bias, q_positions=q_positions,
+                   k_positions=k_positions, dropout_keep=dropout_keep)
+    g = describe(grad_out)
+    expected = (call.dims.B, call.dims.Lq, spec.model_dim)
+    if g is None or g.kind != "float":
+        raise fail_type("grad_out", "a floating-point array", "None" if g is None else f"dtype {g.dtype}")
+    if g.shape != expected:
+        raise fail_value("grad_out", f"shape (B, Lq, D) = {expected}", g.shape)
+    grads = backward(spec, run(spec, call), np.asarray(grad_out).astype(np.float64))
+    order = ["query", "key", "value"] + (["bias"] if bias is not None else []) + list(spec.param_shapes())
+    return {name: grads[name] for name in order}

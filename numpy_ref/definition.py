@@ -1,0 +1,109 @@
+"""A literal, loop-level transcription of the rules: for tiny sizes only.
+
+Every quantity is computed element by element, with explicit loops over
+batch, head, query and key, straight from the formulas of the spec text. It
+shares no numerical code with the vectorised reference (only the argument
+checks), and exists to test it. Complexity is O(B H Lq Lk d) interpreter
+steps: keep sizes in the tens.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from spec import AttentionSpec, Huang, Shaw
+
+from ._inputs import prepare
+
+
+def _dot(a, b) -> float:
+    return math.fsum(float(x) * float(y) for x, y in zip(a, b))
+
+
+def _table_row(table: np.ndarray, h: int, r: int) -> np.ndarray:
+    return table[h, r] if table.ndim == 3 else table[r]
+
+
+def attention(spec: AttentionSpec, params: dict, query, key=None, value=None, *, mask=None,
+              bias=None, q_positions=None, k_positions=None, dropout_keep=None,
+              return_weights: bool = False):
+    """Same contract as ``numpy_ref.attention``, computed by loops."""
+    call = prepare(spec, params, query, key, value, mask=mask, bias=bias, q_positions=q_positions,
+                   k_positions=k_positions, dropout_keep=dropout_keep)
+    p = call.params
+    B, Lq, Lk = call.dims
+    H, d, D = spec.num_heads, spec.head_dim, spec.model_dim
+    s = spec.scale if spec.scale is not None else 1.0 / math.sqrt(d)  # SCALE-1
+    s_rel = s if spec.scale_relative else 1.0  # SCALE-3
+    zeros = np.zeros(D)
+    bq, bk, bv, bo = (p.get(n, zeros) for n in ("bq", "bk", "bv", "bo"))
+    full = (B, H, Lq, Lk)
+    mask_b = None if call.mask is None else np.broadcast_to(call.mask, full)
+    bias_b = None if call.bias is None else np.broadcast_to(call.bias, full)
+    qpos = np.broadcast_to(call.q_positions, (B, Lq))
+    kpos = np.broadcast_to(call.k_positions, (B, Lk))
+
+    def proj(x, w, b, t, f):  # PROJ-1: (x @ W + b)[t, f]
+        return math.fsum(float(x[t, e]) * float(w[e, f]) for e in range(D)) + float(b[f])
+
+    out = np.zeros((B, Lq, D))
+    weights = np.zeros(full)
+    for b in range(B):
+        # q, k, v per head, HEAD-1: feature f = h * d + c
+        Q = [[[proj(call.query[b], p["wq"], bq, i, h * d + c) for c in range(d)] for i in range(Lq)] for h in range(H)]
+        K = [[[proj(call.key[b], p["wk"], bk, j, h * d + c) for c in range(d)] for j in range(Lk)] for h in range(H)]
+        V = [[[proj(call.value[b], p["wv"], bv, j, h * d + c) for c in range(d)] for j in range(Lk)] for h in range(H)]
+        merged = np.zeros((Lq, D))
+        for h in range(H):
+            for i in range(Lq):
+                logit, allowed, index = [0.0] * Lk, [True] * Lk, [0] * Lk
+                for j in range(Lk):
+                    delta = int(kpos[b, j]) - int(qpos[b, i])  # POS-2
+                    term = s * _dot(Q[h][i], K[h][j])  # SCALE-2
+                    r = spec.relative
+                    if isinstance(r, Shaw):
+                        index[j] = min(max(delta, -r.max_distance), r.max_distance) + r.max_distance  # SHAW-2
+                        if r.keys:  # SHAW-3
+                            term += s_rel * _dot(Q[h][i], _table_row(p["rel_k"], h, index[j]))
+                    elif isinstance(r, Huang) and abs(delta) <= r.max_len - 1:  # HUANG-2/3
+                        term += s_rel * _dot(Q[h][i], _table_row(p["rel_k"], h, delta + r.max_len - 1))
+                    if bias_b is not None:  # BIAS-1
+                        term += float(bias_b[b, h, i, j])
+                        allowed[j] = bias_b[b, h, i, j] != -math.inf  # BIAS-2
+                    if spec.causal and delta > 0:  # CAUSAL-1
+                        allowed[j] = False
+                    if mask_b is not None and not mask_b[b, h, i, j]:  # MASK-1/2
+                        allowed[j] = False
+                    logit[j] = term
+                # SOFTMAX-1 with MASK-5 / MASK-6
+                if spec.mask_fill is not None:
+                    z = [logit[j] if allowed[j] else spec.mask_fill for j in range(Lk)]
+                    live = list(range(Lk))
+                else:
+                    z = logit
+                    live = [j for j in range(Lk) if allowed[j]]
+                w = [0.0] * Lk
+                if live:
+                    m = max(z[j] for j in live)
+                    e = {j: math.exp(z[j] - m) for j in live}
+                    total = math.fsum(e.values())
+                    for j in live:
+                        w[j] = e[j] / total
+                for j in range(Lk):
+                    weights[b, h, i, j] = w[j]
+                    if call.dropout_keep is not None:  # DROP-1
+                        w[j] = w[j] / (1.0 - spec.dropout) if call.dropout_keep[b, h, i, j] else 0.0
+                # o_i = sum_j w'_ij (v_j + rel_v[idx_ij]) over the keys that take part
+                for c in range(d):
+                    acc = []
+                    for j in (live if spec.mask_fill is None else range(Lk)):
+                        acc.append(w[j] * V[h][j][c])
+                        if isinstance(spec.relative, Shaw) and spec.relative.values:  # SHAW-4
+                            acc.append(w[j] * float(_table_row(p["rel_v"], h, index[j])[c]))
+                    merged[i, h * d + c] = math.fsum(acc)  # HEAD-2
+        for i in range(Lq):  # OUT-1
+            for f in range(D):
+                out[b, i, f] = math.fsum(merged[i, e] * float(p["wo"][e, f]) for e in range(D)) + float(bo[f])
+    return (out, weights) if return_weights else out

@@ -1,0 +1,28 @@
+"""attnspec's shared vocabulary: the spec objects, the profiles, the version.
+
+The normative text lives beside this file (``spec/*.md``); every rule there
+has a stable id such as ``MASK-5``. ``rule_ids()`` lists them as written.
+No numerics live in this package.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+
+from . import profiles
+from .core import SPEC_VERSION, AttentionSpec, Huang, Shaw
+
+__all__ = ["AttentionSpec", "Shaw", "Huang", "profiles", "SPEC_VERSION", "rule_ids"]
+
+# A rule is declared in the text as a bold id at the start of a line: **MASK-5**
+_RULE_DECL = re.compile(r"^\*\*([A-Z]+-\d+)\*\*", re.MULTILINE)
+
+
+def rule_ids() -> list[str]:
+    """Every rule id declared in the normative text, in document order."""
+    ids: list[str] = []
+    for entry in sorted(resources.files(__package__).iterdir(), key=lambda p: p.name):
+        if entry.name.endswith(".md"):
+            ids.extend(_RULE_DECL.findall(entry.read_text(encoding="utf-8")))
+    return ids
