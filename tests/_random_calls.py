@@ -1,0 +1,92 @@
+"""Random attention calls covering every option, for property-based tests.
+
+``random_call(seed)`` draws a spec, parameters and every optional input from
+one integer, so hypothesis only has to search over integers and a failure
+reproduces from the seed it prints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+import numpy_ref
+from spec import AttentionSpec, Huang, Shaw
+
+
+@dataclass
+class RandomCall:
+    spec: AttentionSpec
+    params: dict
+    query: np.ndarray
+    key: np.ndarray
+    value: np.ndarray
+    kwargs: dict = field(default_factory=dict)
+
+    def args(self):
+        return self.spec, self.params, self.query, self.key, self.value
+
+
+def broadcast_shape(rng, full):
+    """A random shape broadcastable to ``full`` under MASK-1 (rank 1..4, axes 1 or full)."""
+    rank = int(rng.integers(1, len(full) + 1))
+    return tuple(int(n) if rng.random() < 0.6 else 1 for n in full[len(full) - rank:])
+
+
+def positions(rng, B, L, contiguous):
+    start = int(rng.integers(-4, 8))
+    if contiguous:
+        row = np.arange(start, start + L)
+        return row if rng.random() < 0.5 else np.stack([row + int(rng.integers(-3, 4)) for _ in range(B)])
+    shape = (L,) if rng.random() < 0.5 else (B, L)
+    return rng.integers(-6, 10, size=shape)
+
+
+def random_spec(rng) -> AttentionSpec:
+    H, d = int(rng.integers(1, 4)), int(rng.integers(1, 4))
+    kind = rng.choice(["none", "shaw", "huang"])
+    relative = None
+    if kind == "shaw":
+        keys = bool(rng.random() < 0.8)
+        relative = Shaw(int(rng.integers(0, 6)), keys=keys, values=(not keys) or bool(rng.random() < 0.7),
+                        per_head=bool(rng.random() < 0.5))
+    elif kind == "huang":
+        relative = Huang(int(rng.integers(1, 6)), per_head=bool(rng.random() < 0.5))
+    return AttentionSpec(
+        num_heads=H, head_dim=d, bias=bool(rng.random() < 0.7),
+        scale=None if rng.random() < 0.6 else float(rng.uniform(0.1, 2.0)),
+        relative=relative, scale_relative=bool(rng.random() < 0.7),
+        causal=bool(rng.random() < 0.4),
+        mask_fill=None if rng.random() < 0.75 else float(rng.choice([-1e9, -30.0, -2.5])),
+        dropout=0.0 if rng.random() < 0.7 else float(rng.uniform(0.05, 0.6)),
+    )
+
+
+def random_call(seed: int, *, max_len: int = 4, spec: AttentionSpec | None = None,
+                cross: bool | None = None) -> RandomCall:
+    rng = np.random.default_rng(seed)
+    spec = random_spec(rng) if spec is None else spec
+    H, D = spec.num_heads, spec.model_dim
+    B, Lq = int(rng.integers(1, 3)), int(rng.integers(1, max_len + 1))
+    cross = bool(rng.random() < 0.6) if cross is None else cross
+    Lk = int(rng.integers(1, max_len + 1)) if cross else Lq
+    params = numpy_ref.init_params(spec, seed=int(rng.integers(0, 2**31)))
+    query = rng.normal(size=(B, Lq, D))
+    key = rng.normal(size=(B, Lk, D)) if cross else query
+    value = rng.normal(size=(B, Lk, D)) if cross else query
+    full = (B, H, Lq, Lk)
+    kw: dict = {}
+    if rng.random() < 0.5:
+        kw["mask"] = rng.random(broadcast_shape(rng, full)) < 0.75
+    if rng.random() < 0.4:
+        bias = rng.normal(size=broadcast_shape(rng, full))
+        bias[rng.random(bias.shape) < 0.15] = -np.inf
+        kw["bias"] = bias
+    if rng.random() < 0.5:
+        contiguous = bool(rng.random() < 0.5)
+        kw["q_positions"] = positions(rng, B, Lq, contiguous)
+        kw["k_positions"] = positions(rng, B, Lk, contiguous)
+    if spec.dropout > 0 and rng.random() < 0.8:
+        kw["dropout_keep"] = rng.random(full) >= spec.dropout
+    return RandomCall(spec, params, query, key, value, kw)
