@@ -1,0 +1,72 @@
+"""Adapter registry: built-in adapters, entry points, and ``module:Class`` specs.
+
+Outside adapters plug in either by ``--adapter my_package.my_module:MyAdapter``
+or by an entry point in the group ``attnspec.adapters`` (name -> class).
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib import metadata
+
+from .base import Adapter, Capabilities
+
+ENTRY_POINT_GROUP = "attnspec.adapters"
+
+BUILTIN = {
+    "numpy": "conformance.adapters.numpy_ref_adapter:NumpyRefAdapter",
+    "torch-sdpa": "conformance.adapters.torch_sdpa:TorchSDPAAdapter",
+    "torch-mha": "conformance.adapters.torch_mha:TorchMHAAdapter",
+    "jax-nn": "conformance.adapters.jax_nn:JaxNNAdapter",
+    "flax-mha": "conformance.adapters.flax_mha:FlaxMHAAdapter",
+}
+
+
+class AdapterError(LookupError):
+    """An adapter name or spec that cannot be resolved."""
+
+
+def _load_spec(target: str):
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise AdapterError(f"adapter {target!r}: expected NAME or module:Class")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise AdapterError(f"adapter {target!r}: cannot import {module_name} ({e})") from None
+    try:
+        cls = getattr(module, attr)
+    except AttributeError:
+        raise AdapterError(f"adapter {target!r}: {module_name} has no attribute {attr}") from None
+    if not (isinstance(cls, type) and issubclass(cls, Adapter)):
+        raise AdapterError(f"adapter {target!r}: expected a subclass of conformance.adapters.Adapter, got {cls!r}")
+    return cls
+
+
+def entry_points() -> dict:
+    return {ep.name: ep.value for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def available_names() -> list:
+    from ..mutants import MUTANTS
+
+    return list(BUILTIN) + sorted(entry_points()) + [f"mutant/{n}" for n in MUTANTS]
+
+
+def load_adapter(name: str) -> Adapter:
+    """An adapter instance from a built-in name, an entry-point name, mutant/NAME or module:Class."""
+    if name.startswith("mutant/"):
+        from ..mutants import MUTANTS
+
+        if name[len("mutant/"):] not in MUTANTS:
+            raise AdapterError(f"adapter {name!r}: expected one of mutant/{', mutant/'.join(MUTANTS)}")
+        return MUTANTS[name[len("mutant/"):]]()
+    target = BUILTIN.get(name) or entry_points().get(name)
+    if target is None and ":" not in name:
+        raise AdapterError(f"unknown adapter {name!r}: expected one of {', '.join(available_names())} "
+                           "or module:Class")
+    return _load_spec(target or name)()
+
+
+__all__ = ["Adapter", "Capabilities", "BUILTIN", "load_adapter", "available_names", "AdapterError",
+           "ENTRY_POINT_GROUP"]

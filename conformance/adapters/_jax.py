@@ -1,0 +1,73 @@
+"""Shared plumbing of the JAX adapters: x64, devices, conversion, matmul precision."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def jax_available():
+    try:
+        import jax  # noqa: F401
+        import flax  # noqa: F401
+    except ImportError as e:
+        return f"jax / flax are not installed ({e}); pip install attnspec[jax]"
+    return None
+
+
+def setup() -> dict:
+    """float64 needs x64; conformance pins matmuls to full float32 precision."""
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    return {"jax": jax.__version__, "jax_enable_x64": True, "default_matmul_precision": "highest",
+            "backend": jax.default_backend()}
+
+
+def devices() -> tuple:
+    import jax
+
+    return ("cpu", "gpu") if any(d.platform == "gpu" for d in jax.devices()) else ("cpu",)
+
+
+def matmul_precision(dtype_name: str):
+    """"highest" (full float32 products, no bf16 passes) for float32 / float64;
+    the 16-bit types have no such setting on every backend."""
+    return "highest" if dtype_name in ("float32", "float64") else None
+
+
+#: jax 0.10 on CPU rejects, under jit, the float16 x float16 -> float32 dot that
+#: attention uses ("The precision 'F16_F16_F32' is not supported by dot_general
+#: on CPU"): float16 is certified on GPU only.
+UNSUPPORTED = {("cpu", "float16"): "jax cannot jit float16 attention on CPU (dot F16_F16_F32 unsupported)"}
+
+
+def device_of(name: str):
+    import jax
+
+    return jax.devices("cpu" if name == "cpu" else "gpu")[0]
+
+
+def to_jax(a, device: str):
+    import jax
+    import jax.numpy as jnp
+
+    if a is None:
+        return None
+    a = np.asarray(a)
+    return jax.device_put(jnp.asarray(a), device_of(device))
+
+
+def to_numpy(x) -> np.ndarray:
+    return None if x is None else np.asarray(x)
+
+
+def allowed_mask(spec, inputs: dict, B: int, H: int, Lq: int, Lk: int):
+    """The boolean allowed-key mask (B, H, Lq, Lk) from mask and top-left causal (no positions)."""
+    import jax.numpy as jnp
+
+    allowed = jnp.ones((B, H, Lq, Lk), dtype=bool)
+    if spec.causal:
+        allowed = allowed & jnp.tril(jnp.ones((Lq, Lk), dtype=bool))
+    if inputs.get("mask") is not None:
+        allowed = allowed & jnp.asarray(inputs["mask"])
+    return allowed

@@ -1,0 +1,99 @@
+"""The adapter protocol: how the harness talks to an implementation.
+
+An adapter is one small class. Everything crosses the boundary as NumPy
+arrays (16-bit floats as ``float16`` and ``ml_dtypes.bfloat16``); the adapter
+converts to its framework, computes in the dtype it was given, and converts
+back. It declares what it can do in ``capabilities()``; the harness builds
+the matrix from that, explains every skip, and treats a failure of a
+declared capability as a failure.
+
+Feature names an adapter may declare (a case needs the features its spec
+and inputs use; see ``conformance.cases.Case.features``):
+
+    cross-attention      separate key / value inputs (else self-attention only)
+    custom-scale         AttentionSpec.scale (SCALE-1)
+    no-projection-bias   AttentionSpec.bias = False (PROJ-1)
+    causal               AttentionSpec.causal (CAUSAL-1)
+    mask                 boolean masks of every broadcast rank (MASK-1)
+    bias                 additive bias input with -inf entries (BIAS-1, BIAS-2)
+    positions            explicit q_positions / k_positions (POS-1)
+    mask-fill            AttentionSpec.mask_fill (MASK-6)
+    dropout-spec         AttentionSpec.dropout > 0 without a keep mask (DROP-3)
+    dropout-keep         explicit dropout keep masks (DROP-1)
+    shaw, shaw-values    Shaw key terms, Shaw value terms
+    huang                Huang relative keys
+    per-head-tables      per_head=True tables (REL-2)
+    unscaled-relative    scale_relative=False (SCALE-3)
+    validates-input      rejects bad arguments per INPUT-1 (error cases)
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import ClassVar, Optional
+
+import numpy as np
+
+FEATURES = frozenset({
+    "cross-attention", "custom-scale", "no-projection-bias", "causal", "mask", "bias", "positions",
+    "mask-fill", "dropout-spec", "dropout-keep", "shaw", "shaw-values", "huang", "per-head-tables",
+    "unscaled-relative", "validates-input",
+})
+DTYPES = ("float64", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    dtypes: tuple = DTYPES
+    devices: tuple = ("cpu",)  # the devices present *now*; "cuda" / "gpu" when available
+    features: frozenset = FEATURES
+    weights: bool = True  # returns attention weights (SOFTMAX-2)
+    gradients: bool = True  # implements vjp (GRAD-1)
+    notes: dict = field(default_factory=dict)  # feature -> why it is missing, for skip messages
+    unsupported: dict = field(default_factory=dict)  # (device, dtype) -> why that pair cannot run
+
+    def __post_init__(self):
+        unknown = set(self.features) - FEATURES
+        if unknown:
+            raise ValueError(f"Capabilities.features: expected names from {sorted(FEATURES)}, got {sorted(unknown)}")
+
+
+class Adapter(abc.ABC):
+    """One implementation under test.
+
+    ``inputs`` passed to ``forward`` / ``vjp`` hold ``query`` and, when
+    present, ``key``, ``value`` (absent = self-attention, SHAPE-2), ``mask``,
+    ``bias``, ``q_positions``, ``k_positions``, ``dropout_keep``. ``params``
+    are canonical (PARAM-1), in the case's dtype.
+    """
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+
+    def unavailable(self) -> Optional[str]:
+        """Why this adapter cannot run here (e.g. its framework is not installed), or None."""
+        return None
+
+    @abc.abstractmethod
+    def capabilities(self) -> Capabilities: ...
+
+    @abc.abstractmethod
+    def forward(self, spec, params: dict, inputs: dict, *, device: str, need_weights: bool) -> dict:
+        """{"out": (B, Lq, D), "weights": (B, H, Lq, Lk) when need_weights}."""
+
+    def vjp(self, spec, params: dict, inputs: dict, grad_out: np.ndarray, *, device: str) -> dict:
+        """Gradients of <out, grad_out>: "query", "key", "value", "bias" (if given), every param.
+
+        ``inputs`` here always hold explicit key and value arrays: the three
+        gradients are partials with respect to three separate inputs.
+        """
+        raise NotImplementedError(f"{self.name} declares no gradients")
+
+    def environment(self) -> dict:
+        """Versions and numerics settings in force (recorded in reports)."""
+        return {}
+
+    # Optional hooks, used when an adapter defines them:
+    #   roundtrip_params(spec, params) -> dict   PARAM-3: canonical -> module -> canonical
+    #   relative_indices(spec, q_positions, k_positions, B, Lq, Lk) -> int array   PREC-3

@@ -1,0 +1,79 @@
+"""PyTorch ``F.scaled_dot_product_attention`` with the canonical projections around it.
+
+Certifies SDPA's core for the subset it supports: scale, boolean and float
+masks, top-left causal. No relative positions, no explicit keep masks, no
+weights returned.
+"""
+
+from __future__ import annotations
+
+from . import _torch
+from .base import Adapter, Capabilities
+
+
+class TorchSDPAAdapter(Adapter):
+    name = "torch-sdpa"
+    description = "torch.nn.functional.scaled_dot_product_attention + canonical projections"
+
+    def unavailable(self):
+        return _torch.torch_available()
+
+    def capabilities(self):
+        return Capabilities(
+            devices=_torch.devices(),
+            features=frozenset({"cross-attention", "custom-scale", "no-projection-bias", "causal", "mask",
+                                "bias", "dropout-spec"}),
+            weights=False,
+            notes={"positions": "no position input; is_causal is top-left",
+                   "shaw": "no relative positions", "huang": "no relative positions",
+                   "mask-fill": "masked logits are -inf", "dropout-keep": "dropout uses its own RNG"},
+        )
+
+    def environment(self):
+        return _torch.pin_numerics()
+
+    def _run(self, spec, params, inputs, device, leaves=None):
+        import torch
+        import torch.nn.functional as F
+
+        t = leaves or {n: _torch.to_torch(a, device) for n, a in {**params, **inputs}.items()
+                       if n not in ("mask", "q_positions", "k_positions", "dropout_keep")}
+        x = t["query"]
+        key = t.get("key", x)
+        value = t.get("value", key)
+        B, Lq, D = x.shape
+        Lk = key.shape[1]
+        H, d = spec.num_heads, spec.head_dim
+
+        def proj(a, w, b):
+            y = a @ t[w]
+            return (y + t[b] if b in t else y).view(B, -1, H, d).transpose(1, 2)  # (B, H, L, d)
+
+        q, k, v = proj(x, "wq", "bq"), proj(key, "wk", "bk"), proj(value, "wv", "bv")
+        has_mask = inputs.get("mask") is not None
+        bias = t.get("bias")
+        if bias is not None:
+            allowed = _torch.allowed_mask(spec, inputs, B, H, Lq, Lk, device)
+            attn_mask = bias.masked_fill(~allowed, float("-inf"))
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=spec.effective_scale)
+        elif has_mask:
+            attn_mask = _torch.allowed_mask(spec, inputs, B, H, Lq, Lk, device)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=spec.effective_scale)
+        else:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=spec.causal, scale=spec.effective_scale)
+        merged = o.transpose(1, 2).reshape(B, Lq, D)
+        out = merged @ t["wo"]
+        return out + t["bo"] if "bo" in t else out
+
+    def forward(self, spec, params, inputs, *, device, need_weights):
+        import torch
+
+        with torch.no_grad():
+            return {"out": _torch.to_numpy(self._run(spec, params, inputs, device))}
+
+    def vjp(self, spec, params, inputs, grad_out, *, device):
+        leaves = {n: _torch.to_torch(a, device, requires_grad=True) for n, a in {**params, **inputs}.items()
+                  if n not in ("mask", "q_positions", "k_positions", "dropout_keep")}
+        out = self._run(spec, params, inputs, device, leaves)
+        out.backward(_torch.to_torch(grad_out, device))
+        return {n: _torch.to_numpy(leaf.grad) for n, leaf in leaves.items()}

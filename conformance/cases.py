@@ -1,0 +1,223 @@
+"""The vocabulary of conformance cases: what a case is and how its inputs are drawn.
+
+A case is declarative: a spec, sizes, and a few *recipes* for the optional
+inputs (mask, bias, positions, keep mask). Inputs are drawn once, from a
+seed derived from the case id, by ``python -m conformance generate``, and
+stored; nothing here runs at test time except to describe the case.
+
+Axis letters in recipe patterns follow AXES-1: B, H, Q (= Lq), K (= Lk), and
+1 for a broadcast axis, aligned from the right as in MASK-1.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from spec import AttentionSpec, Huang, Shaw
+
+ALL_DTYPES = ("float64", "float32", "bfloat16", "float16")
+
+#: Rules every case exercises by construction: inputs are judged against the
+#: float64 truth (PREC-1) with stored budgets (PREC-2) and exact checks
+#: (PREC-3); the manifest pins the spec version (VER-1) and the report states
+#: claims by version and rule ids (VER-2); shapes use the legend (AXES-1).
+HARNESS_RULES = ("AXES-1", "PREC-1", "PREC-2", "PREC-3", "VER-1", "VER-2")
+
+
+@dataclass(frozen=True)
+class Dims:
+    B: int
+    Lq: int
+    Lk: int
+
+
+def _shape(pattern: str, dims: Dims, H: int) -> tuple:
+    sizes = {"B": dims.B, "H": H, "Q": dims.Lq, "K": dims.Lk, "1": 1}
+    return tuple(sizes[c] for c in pattern)
+
+
+@dataclass(frozen=True)
+class Mask:
+    """A boolean mask, True = attend (MASK-1), of the given broadcast pattern.
+
+    ``dead_keys`` trailing keys are masked for every query (padding, MASK-7);
+    ``empty_rows`` leading query rows attend nothing (MASK-5).
+    """
+
+    pattern: str = "BHQK"
+    density: float = 0.75
+    dead_keys: int = 0
+    empty_rows: int = 0
+
+    def draw(self, rng, dims: Dims, H: int) -> dict:
+        mask = rng.random(_shape(self.pattern, dims, H)) < self.density
+        if self.dead_keys:
+            assert self.pattern[-1] == "K"
+            mask[..., dims.Lk - self.dead_keys:] = False
+        if self.empty_rows:
+            assert self.pattern[-2:] == "QK"
+            mask[..., : self.empty_rows, :] = False
+        return {"mask": mask}
+
+    @property
+    def features(self):
+        return {"mask"}
+
+
+@dataclass(frozen=True)
+class Bias:
+    """A float bias (BIAS-1) of the given pattern; ``neg_inf`` of its entries are -inf (BIAS-2)."""
+
+    pattern: str = "BHQK"
+    neg_inf: float = 0.0
+    empty_rows: int = 0  # leading query rows entirely -inf
+
+    def draw(self, rng, dims: Dims, H: int) -> dict:
+        bias = rng.normal(0.0, 1.0, size=_shape(self.pattern, dims, H))
+        if self.neg_inf:
+            bias[rng.random(bias.shape) < self.neg_inf] = -np.inf
+        if self.empty_rows:
+            bias[..., : self.empty_rows, :] = -np.inf
+        return {"bias": bias}
+
+    @property
+    def features(self):
+        return {"bias"}
+
+
+@dataclass(frozen=True)
+class Positions:
+    """Explicit positions (POS-1).
+
+    kinds: ``bottom-right`` (queries are the last Lq of Lk positions, POS-3);
+    ``shifted`` (default positions plus a constant, POS-4); ``random``
+    (unsorted integers with repeats, shape (L,)); ``per-batch`` (contiguous
+    runs with a different offset per batch element, shape (B, L)); ``spread``
+    (keys three apart, so distances outgrow small tables).
+    """
+
+    kind: str
+
+    def draw(self, rng, dims: Dims, H: int) -> dict:
+        Lq, Lk, B = dims.Lq, dims.Lk, dims.B
+        if self.kind == "bottom-right":
+            return {"q_positions": np.arange(Lk - Lq, Lk, dtype=np.int64)}
+        if self.kind == "shifted":
+            shift = int(rng.integers(50, 150))
+            return {"q_positions": np.arange(Lq, dtype=np.int64) + shift,
+                    "k_positions": np.arange(Lk, dtype=np.int64) + shift}
+        if self.kind == "random":
+            return {"q_positions": rng.integers(-3, Lk + 3, size=Lq).astype(np.int64),
+                    "k_positions": rng.integers(-3, Lk + 3, size=Lk).astype(np.int64)}
+        if self.kind == "per-batch":
+            off = rng.integers(-4, 5, size=(B, 1))
+            return {"q_positions": (np.arange(Lq) + off).astype(np.int64),
+                    "k_positions": (np.arange(Lk) + off + rng.integers(-2, 3, size=(B, 1))).astype(np.int64)}
+        if self.kind == "spread":
+            return {"k_positions": 3 * np.arange(Lk, dtype=np.int64)}
+        raise ValueError(f"Positions.kind: expected one of bottom-right, shifted, random, per-batch, spread, got {self.kind!r}")
+
+    @property
+    def features(self):
+        return {"positions"}
+
+
+@dataclass(frozen=True)
+class Keep:
+    """A dropout keep mask (B, H, Lq, Lk), True with probability 1 - p (DROP-1)."""
+
+    def draw(self, rng, dims: Dims, H: int, p: float = 0.5) -> dict:
+        return {"dropout_keep": rng.random((dims.B, H, dims.Lq, dims.Lk)) >= p}
+
+    @property
+    def features(self):
+        return {"dropout-keep"}
+
+
+@dataclass(frozen=True)
+class Twin:
+    """Another way of calling the same layer that must give the same result.
+
+    ``spec`` replaces the case's spec (the parameters stay as they are);
+    ``inputs`` names a transformation of the drawn inputs (see
+    ``conformance.checks.TWIN_INPUTS``). Used for equivalences the rules imply
+    (HUANG-5, POS-4, CAUSAL-1, MASK-1, BIAS-2).
+    """
+
+    name: str
+    rules: tuple
+    spec: Optional[AttentionSpec] = None
+    inputs: str = "same"
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    rules: tuple
+    spec: AttentionSpec
+    dims: Dims
+    self_attention: bool = False
+    recipes: tuple = ()
+    dtypes: tuple = ALL_DTYPES
+    store_weights: bool = True
+    twins: tuple = ()
+    expect_error: Optional[str] = None  # an error case: "TypeError" / "ValueError"
+    error_inputs: Optional[str] = None  # which bad input (see checks.ERROR_INPUTS)
+    notes: str = ""
+    extra_features: frozenset = field(default_factory=frozenset)
+
+    @property
+    def seed(self) -> int:
+        """A stable seed from the id: the same inputs on every machine and version."""
+        return int(hashlib.sha256(self.id.encode()).hexdigest()[:8], 16)
+
+    @property
+    def all_rules(self) -> tuple:
+        extra = HARNESS_RULES + (("PREC-4",) if {"bfloat16", "float16"} & set(self.dtypes) else ())
+        return tuple(dict.fromkeys(self.rules + extra))
+
+    def features(self) -> frozenset:
+        """What an adapter must support to run this case (its capabilities)."""
+        s = self.spec
+        f = set(self.extra_features)
+        for r in self.recipes:
+            f |= r.features
+        if isinstance(s.relative, Shaw):
+            f.add("shaw")
+            if s.relative.values:
+                f.add("shaw-values")
+        if isinstance(s.relative, Huang):
+            f.add("huang")
+        if s.relative is not None and s.relative.per_head:
+            f.add("per-head-tables")
+        if s.relative is not None and not s.scale_relative:
+            f.add("unscaled-relative")
+        if s.causal:
+            f.add("causal")
+        if s.mask_fill is not None:
+            f.add("mask-fill")
+        if s.scale is not None:
+            f.add("custom-scale")
+        if not s.bias:
+            f.add("no-projection-bias")
+        if s.dropout > 0:
+            f.add("dropout-spec")
+        if not self.self_attention:
+            f.add("cross-attention")
+        if self.expect_error:
+            f.add("validates-input")
+        return frozenset(f)
+
+    def draw(self, rng) -> dict:
+        """Draw the optional inputs of this case (not the dense ones)."""
+        out: dict = {}
+        for r in self.recipes:
+            if isinstance(r, Keep):
+                out.update(r.draw(rng, self.dims, self.spec.num_heads, self.spec.dropout))
+            else:
+                out.update(r.draw(rng, self.dims, self.spec.num_heads))
+        return out

@@ -1,0 +1,331 @@
+"""The checks run for one (case, adapter, dtype, device): budgets and exact rules.
+
+Each check yields a ``CheckResult`` carrying the rule ids it exercises, the
+largest absolute and relative error, the budget, the margin (error / budget;
+<= 1 passes) and where the worst element is.
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import asdict, dataclass, field, replace
+from typing import Optional
+
+import numpy as np
+
+from numpy_ref.masking import relative_distance
+from numpy_ref.relative import huang_index, shaw_index
+from spec import Shaw
+
+from .cases import Case, Mask, Positions
+
+POISONS = {"dead-keys/nan": np.nan, "dead-keys/large": 1e4}
+OPTIONAL = ("mask", "q_positions", "k_positions", "dropout_keep")
+
+
+@dataclass
+class CheckResult:
+    case: str
+    adapter: str
+    dtype: str
+    device: str
+    check: str
+    status: str  # pass, fail, skip, deviation (expected failure), unexpected-pass
+    rules: tuple = ()
+    max_abs: Optional[float] = None
+    max_rel: Optional[float] = None
+    budget: Optional[float] = None
+    margin: Optional[float] = None
+    where: Optional[list] = None
+    message: str = ""
+    environment: dict = field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        return self.status in ("fail", "unexpected-pass")
+
+    def record(self) -> dict:
+        d = asdict(self)
+        d["rules"] = list(self.rules)
+        return d
+
+
+# ------------------------------------------------------------------- inputs
+def stored_call(case: Case, tensors: dict, dtype: str):
+    """(params, inputs, grad_out) of a case in one dtype, from the stored tensors."""
+    params = {n.rsplit("/", 1)[1]: a for n, a in tensors.items() if n.startswith(f"{dtype}/params/")}
+    inputs = {n.rsplit("/", 1)[1]: a for n, a in tensors.items() if n.startswith(f"{dtype}/inputs/")}
+    inputs.update({n: tensors[n] for n in OPTIONAL if n in tensors})
+    return params, inputs, tensors[f"{dtype}/grad_out"]
+
+
+def with_explicit_kv(inputs: dict) -> dict:
+    """Separate key and value arrays (copies of the query for self-attention)."""
+    out = dict(inputs)
+    out.setdefault("key", inputs["query"].copy())
+    out.setdefault("value", out["key"].copy())
+    return out
+
+
+def twin_inputs(kind: str, case: Case, inputs: dict) -> dict:
+    """TWIN inputs: another way of passing the same layer's inputs."""
+    B, H, Lq, Lk = case.dims.B, case.spec.num_heads, case.dims.Lq, case.dims.Lk
+    out = dict(inputs)
+    if kind == "same":
+        return out
+    if kind == "shift-positions":  # POS-4
+        out["q_positions"] = np.asarray(inputs.get("q_positions", np.arange(Lq))) + 37
+        out["k_positions"] = np.asarray(inputs.get("k_positions", np.arange(Lk))) + 37
+        return out
+    if kind == "causal-as-mask":  # CAUSAL-1 with default positions
+        tril = np.tril(np.ones((Lq, Lk), dtype=bool))
+        out["mask"] = tril if "mask" not in inputs else np.logical_and(inputs["mask"], tril)
+        return out
+    if kind == "mask-full-rank":  # MASK-1
+        out["mask"] = np.broadcast_to(inputs["mask"], (B, H, Lq, Lk)).copy()
+        return out
+    if kind == "mask-as-bias":  # BIAS-2
+        dtype = inputs["query"].dtype
+        out["bias"] = np.where(out.pop("mask"), 0.0, -np.inf).astype(dtype)
+        return out
+    raise ValueError(f"twin inputs: expected same, shift-positions, causal-as-mask, mask-full-rank or "
+                     f"mask-as-bias, got {kind!r}")
+
+
+def twin_case(case: Case, twin) -> Case:
+    """The case as the twin calls it (for its feature set)."""
+    recipes = tuple(case.recipes)
+    extra = set(case.extra_features)
+    if twin.inputs == "shift-positions":
+        recipes += (Positions("shifted"),)
+    elif twin.inputs == "causal-as-mask":
+        recipes += (Mask("QK"),)
+    elif twin.inputs == "mask-as-bias":
+        recipes = tuple(r for r in recipes if not isinstance(r, Mask))
+        extra.add("bias")
+    return replace(case, spec=twin.spec or case.spec, recipes=recipes, twins=(),
+                   extra_features=frozenset(extra))
+
+
+ERROR_INPUTS = {
+    # name: (description, transformation of (spec, params, inputs))
+    "float-mask": "a float mask of ones instead of a boolean mask (MASK-3)",
+    "keep-without-dropout": "a keep mask while spec.dropout == 0 (DROP-2)",
+    "params-missing": "a parameter dict without rel_v (PARAM-2)",
+    "float-positions": "float q_positions (POS-1)",
+}
+
+
+def bad_call(kind: str, case: Case, params: dict, inputs: dict):
+    B, H, Lq, Lk = case.dims.B, case.spec.num_heads, case.dims.Lq, case.dims.Lk
+    params, inputs = dict(params), dict(inputs)
+    if kind == "float-mask":
+        inputs["mask"] = np.ones((Lq, Lk), dtype=inputs["query"].dtype)
+    elif kind == "keep-without-dropout":
+        inputs["dropout_keep"] = np.ones((B, H, Lq, Lk), dtype=bool)
+    elif kind == "params-missing":
+        params.pop("rel_v")
+    elif kind == "float-positions":
+        inputs["q_positions"] = np.arange(Lq, dtype=np.float64)
+    else:
+        raise ValueError(f"error inputs: expected one of {sorted(ERROR_INPUTS)}, got {kind!r}")
+    return params, inputs
+
+
+# -------------------------------------------------------------- comparisons
+def compare(actual, truth: np.ndarray, budget: float) -> dict:
+    """Errors of ``actual`` against ``truth`` and whether they fit ``budget``."""
+    if actual is None:
+        return {"ok": False, "message": "no value returned"}
+    a = np.asarray(actual)
+    if a.shape != truth.shape:
+        return {"ok": False, "message": f"shape {a.shape}, expected {truth.shape}"}
+    a = a.astype(np.float64)
+    finite = np.isfinite(truth)
+    bad = finite & ~np.isfinite(a)
+    if bad.any():
+        at = [int(i) for i in np.argwhere(bad)[0]]
+        return {"ok": False, "where": at, "message": f"{a[tuple(at)]} where the truth is finite ({truth[tuple(at)]:.6g})"}
+    err = np.where(finite, np.abs(a - truth), 0.0)
+    at = [int(i) for i in np.unravel_index(int(np.argmax(err)), err.shape)] if err.size else []
+    max_abs = float(err.max(initial=0.0))
+    scale = float(np.max(np.abs(truth[finite]), initial=0.0))
+    margin = max_abs / budget if budget > 0 else (0.0 if max_abs == 0 else float("inf"))
+    return {"ok": max_abs <= budget, "max_abs": max_abs, "max_rel": max_abs / scale if scale else max_abs,
+            "budget": budget, "margin": margin, "where": at,
+            "message": "" if max_abs <= budget else f"error {max_abs:.3g} exceeds budget {budget:.3g} at {at}"}
+
+
+def _exception(e: BaseException) -> str:
+    tb = traceback.extract_tb(e.__traceback__)
+    where = f" ({tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno})" if tb else ""
+    return f"raised {type(e).__name__}: {e}{where}"
+
+
+class CaseRun:
+    """Runs every check of one case for one adapter, dtype and device."""
+
+    def __init__(self, case: Case, entry: dict, tensors: dict, adapter, caps, dtype: str, device: str):
+        self.case, self.entry, self.tensors = case, entry, tensors
+        self.adapter, self.caps, self.dtype, self.device = adapter, caps, dtype, device
+        self.results: list[CheckResult] = []
+
+    def add(self, check: str, status: str, rules, **kw):
+        self.results.append(CheckResult(self.case.id, self.adapter.name, self.dtype, self.device, check, status,
+                                        tuple(rules), **kw))
+
+    def judge(self, check: str, rules, actual, golden: str, budget_key: Optional[str] = None):
+        truth = self.tensors[f"{self.dtype}/golden/{golden}"]
+        budget = self.entry["budgets"][self.dtype][budget_key or golden]["budget"]
+        r = compare(actual, truth, budget)
+        ok = r.pop("ok")
+        self.add(check, "pass" if ok else "fail", rules, **r)
+
+    def forward(self, inputs, params=None, spec=None, need_weights=None):
+        need = self.caps.weights and self.case.store_weights if need_weights is None else need_weights
+        return self.adapter.forward(spec or self.case.spec, params if params is not None else self.params, inputs,
+                                    device=self.device, need_weights=need)
+
+    def run(self) -> list[CheckResult]:
+        case = self.case
+        self.params, self.inputs, self.grad_out = stored_call(case, self.tensors, self.dtype)
+        if case.expect_error:
+            self.run_error()
+            return self.results
+        rules = case.all_rules
+        try:
+            result = self.forward(self.inputs)
+        except Exception as e:  # a declared capability that fails is a failure
+            self.add("forward", "fail", rules, message=_exception(e))
+            return self.results
+        self.judge("out", rules, result.get("out"), "out")
+        weights = result.get("weights")
+        if self.caps.weights and case.store_weights:
+            self.judge("weights", rules, weights, "weights")
+        self.run_exact(result)
+        self.run_poison(result)
+        self.run_twins()
+        if self.caps.gradients:
+            self.run_gradients()
+        self.run_hooks()
+        return self.results
+
+    def run_error(self):
+        kind = self.case.error_inputs
+        params, inputs = bad_call(kind, self.case, self.params, self.inputs)
+        expected = {"TypeError": TypeError, "ValueError": ValueError}[self.case.expect_error]
+        try:
+            self.forward(inputs, params=params, need_weights=False)
+        except expected as e:
+            self.add(f"rejects/{kind}", "pass", self.case.all_rules, message=f"{type(e).__name__}: {e}")
+            return
+        except Exception as e:
+            self.add(f"rejects/{kind}", "fail", self.case.all_rules,
+                     message=f"expected {expected.__name__} for {ERROR_INPUTS[kind]}, {_exception(e)}")
+            return
+        self.add(f"rejects/{kind}", "fail", self.case.all_rules,
+                 message=f"expected {expected.__name__} for {ERROR_INPUTS[kind]}, but the call returned")
+
+    def run_exact(self, result):
+        """MASK-5 / PREC-3: fully masked rows give weights exactly 0 and out exactly bo."""
+        rows = self.tensors.get("exact/fully_masked_rows")
+        if rows is None or not rows.any():
+            return
+        rules = ("MASK-5", "PREC-3")
+        problems = []
+        w = result.get("weights")
+        if w is not None:
+            w = np.asarray(w).astype(np.float64)
+            if not np.all(w[rows] == 0.0):
+                problems.append(f"weights of fully masked rows are not exactly 0 (max |w| {np.max(np.abs(w[rows])):.3g})")
+        all_heads = rows.all(axis=1)  # (B, Lq): the row is empty in every head
+        if all_heads.any():
+            bo = self.params.get("bo")
+            expected = np.zeros(self.case.spec.model_dim) if bo is None else bo.astype(np.float64)
+            out = np.asarray(result["out"]).astype(np.float64)[all_heads]
+            if not np.array_equal(out, np.broadcast_to(expected, out.shape)):
+                problems.append(f"out of fully masked rows is not exactly bo (max |out - bo| "
+                                f"{np.max(np.abs(out - expected)):.3g})")
+        self.add("fully-masked-rows", "fail" if problems else "pass", rules, message="; ".join(problems))
+
+    def run_poison(self, clean):
+        """MASK-7: key/value rows of dead keys cannot change anything, NaN included."""
+        dead = self.tensors.get("exact/dead_keys")
+        if dead is None or not dead.any() or self.case.self_attention:
+            return
+        for check, value in POISONS.items():
+            inputs = dict(self.inputs)
+            for name in ("key", "value"):
+                a = inputs[name].copy()
+                a[dead] = value
+                inputs[name] = a
+            try:
+                poisoned = self.forward(inputs)
+            except Exception as e:
+                self.add(check, "fail", ("MASK-7", "PREC-3"), message=_exception(e))
+                continue
+            same = all(np.array_equal(np.asarray(clean[k]), np.asarray(poisoned.get(k))) for k in clean)
+            diff = float(np.max(np.abs(np.asarray(poisoned["out"], np.float64) - np.asarray(clean["out"], np.float64))))
+            self.add(check, "pass" if same else "fail", ("MASK-7", "PREC-3"), max_abs=None if same else diff,
+                     message="" if same else f"poisoned dead keys changed the result (max |diff| {diff:.3g})")
+
+    def run_twins(self):
+        for twin in self.case.twins:
+            missing = twin_case(self.case, twin).features() - self.caps.features
+            check = f"twin/{twin.name}"
+            if missing:
+                self.add(check, "skip", twin.rules, message=f"needs {', '.join(sorted(missing))}")
+                continue
+            try:
+                inputs = twin_inputs(twin.inputs, self.case, self.inputs)
+                result = self.forward(inputs, spec=twin.spec, need_weights=False)
+            except Exception as e:
+                self.add(check, "fail", twin.rules, message=_exception(e))
+                continue
+            self.judge(check, twin.rules, result.get("out"), "out")
+
+    def run_gradients(self):
+        rules = ("GRAD-1",) + tuple(r for r in self.case.all_rules if r.startswith(("GRAD", "MASK-5", "MASK-7")))
+        try:
+            grads = self.adapter.vjp(self.case.spec, self.params, with_explicit_kv(self.inputs), self.grad_out,
+                                     device=self.device)
+        except Exception as e:
+            self.add("gradients", "fail", rules, message=_exception(e))
+            return
+        prefix = f"{self.dtype}/golden/grad/"
+        for name in sorted(n[len(prefix):] for n in self.tensors if n.startswith(prefix)):
+            self.judge(f"grad/{name}", rules, grads.get(name), f"grad/{name}")
+
+    def run_hooks(self):
+        spec = self.case.spec
+        roundtrip = getattr(self.adapter, "roundtrip_params", None)
+        if roundtrip is not None and "PARAM-3" in self.case.rules:
+            try:
+                back = roundtrip(spec, self.params)
+                exact = sorted(back) == sorted(self.params) and all(
+                    np.asarray(back[n]).dtype == a.dtype and np.array_equal(np.asarray(back[n]), a)
+                    for n, a in self.params.items())
+                self.add("param-roundtrip", "pass" if exact else "fail", ("PARAM-3",),
+                         message="" if exact else "canonical -> module -> canonical is not exact")
+            except Exception as e:
+                self.add("param-roundtrip", "fail", ("PARAM-3",), message=_exception(e))
+        indices = getattr(self.adapter, "relative_indices", None)
+        if indices is not None and spec.relative is not None:
+            B, Lq, Lk = self.case.dims.B, self.case.dims.Lq, self.case.dims.Lk
+            qp, kp = self.inputs.get("q_positions"), self.inputs.get("k_positions")
+            delta = relative_distance(np.asarray(qp if qp is not None else np.arange(Lq)).reshape(-1, Lq),
+                                      np.asarray(kp if kp is not None else np.arange(Lk)).reshape(-1, Lk))
+            if isinstance(spec.relative, Shaw):
+                expected = shaw_index(delta, spec.relative.max_distance)
+            else:
+                row, valid = huang_index(delta, spec.relative.max_len)
+                expected = np.where(valid, row, -1)
+            try:
+                got = np.asarray(indices(spec, qp, kp, B, Lq, Lk))
+                ok = got.shape == expected.shape and np.array_equal(got, expected)
+                rule = "SHAW-2" if isinstance(spec.relative, Shaw) else "HUANG-2"
+                self.add("relative-index", "pass" if ok else "fail", (rule, "PREC-3"),
+                         message="" if ok else "relative indices differ from the rule")
+            except Exception as e:
+                self.add("relative-index", "fail", ("PREC-3",), message=_exception(e))
+

@@ -1,0 +1,249 @@
+"""Build (``generate``) and re-check (``verify``) the stored golden vectors.
+
+For each case: inputs, parameters and an upstream gradient are drawn once
+with NumPy from the case's seed, rounded to each test dtype, and stored; the
+goldens are the float64 reference's outputs, weights and gradients on those
+rounded inputs; the budgets come from the naive same-dtype emulation.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+import tempfile
+from dataclasses import asdict
+from importlib import metadata
+
+import numpy as np
+
+import numpy_ref
+from numpy_ref.masking import allowed_keys, dead_keys, relative_distance
+from spec import SPEC_VERSION, AttentionSpec, Huang, Shaw
+
+from . import naive, tolerance
+from .cases import Case
+from .catalog import CASES
+from .store import (FORMAT, GOLDEN_DIR, MANIFEST, GoldenError, case_file, describe, dump_manifest,
+                    load_case, load_manifest, save_case)
+
+DENSE_INPUTS = ("query", "key", "value", "bias")
+VERIFY_ULPS = 8  # reference drift allowed by `verify`, in float64 ulps of the largest entry
+
+
+def spec_to_json(spec: AttentionSpec) -> dict:
+    d = asdict(spec)
+    r = spec.relative
+    d["relative"] = None if r is None else {"scheme": "shaw" if isinstance(r, Shaw) else "huang", **asdict(r)}
+    return d
+
+
+def spec_from_json(d: dict) -> AttentionSpec:
+    d = dict(d)
+    r = d.pop("relative")
+    if r is not None:
+        r = dict(r)
+        scheme = r.pop("scheme")
+        r = Shaw(**r) if scheme == "shaw" else Huang(**r)
+    return AttentionSpec(relative=r, **d)
+
+
+def draw(case: Case) -> dict:
+    """The float64 master draw of a case (before rounding to the test dtypes)."""
+    rng = np.random.default_rng(case.seed)
+    spec, (B, Lq, Lk) = case.spec, (case.dims.B, case.dims.Lq, case.dims.Lk)
+    D = spec.model_dim
+    params = numpy_ref.init_params(spec, seed=int(rng.integers(0, 2**31)))
+    query = rng.normal(size=(B, Lq, D))
+    dense = {"query": query}
+    if not case.self_attention:
+        dense["key"] = rng.normal(size=(B, Lk, D))
+        dense["value"] = rng.normal(size=(B, Lk, D))
+    grad_out = rng.normal(size=(B, Lq, D))
+    optional = case.draw(rng)
+    if "bias" in optional:
+        dense["bias"] = optional.pop("bias")
+    return {"params": params, "dense": dense, "grad_out": grad_out, "optional": optional}
+
+
+def rounded(a: np.ndarray, dtype: str) -> np.ndarray:
+    return np.asarray(a).astype(naive.storage_dtype(dtype))
+
+
+def call_inputs(case: Case, dense: dict, optional: dict, *, explicit_kv: bool) -> dict:
+    """Keyword inputs of one call; self-attention passes key/value only when asked."""
+    inputs = {**optional, **dense}
+    if case.self_attention:
+        if explicit_kv:
+            inputs["key"] = inputs["query"].copy()
+            inputs["value"] = inputs["query"].copy()
+        else:
+            inputs.pop("key", None), inputs.pop("value", None)
+    return inputs
+
+
+def truth(case: Case, params64: dict, inputs64: dict, grad_out64):
+    kw = {n: inputs64[n] for n in ("mask", "bias", "q_positions", "k_positions", "dropout_keep") if n in inputs64}
+    out, weights = numpy_ref.attention(case.spec, params64, inputs64["query"], inputs64.get("key"),
+                                       inputs64.get("value"), **kw, return_weights=True)
+    key = inputs64.get("key", inputs64["query"]).copy()
+    value = inputs64.get("value", inputs64["query"]).copy()
+    grads = numpy_ref.attention_vjp(case.spec, params64, inputs64["query"], key, value, grad_out64, **kw)
+    return out, weights, grads
+
+
+def exact_data(case: Case, master: dict) -> dict:
+    """The exact-check masks (PREC-3): fully masked rows (MASK-5) and dead keys (MASK-7)."""
+    if case.spec.mask_fill is not None:
+        return {}
+    B, H, Lq, Lk = case.dims.B, case.spec.num_heads, case.dims.Lq, case.dims.Lk
+    opt = master["optional"]
+    qp = opt.get("q_positions", np.arange(Lq))
+    kp = opt.get("k_positions", np.arange(Lk))
+    delta = relative_distance(np.asarray(qp).reshape(-1, Lq), np.asarray(kp).reshape(-1, Lk))
+    allowed = allowed_keys((B, H, Lq, Lk), delta, causal=case.spec.causal, mask=opt.get("mask"),
+                           bias=master["dense"].get("bias"))
+    return {"exact/fully_masked_rows": ~allowed.any(-1), "exact/dead_keys": dead_keys(allowed)}
+
+
+def build_case(case: Case) -> tuple[dict, dict]:
+    """(tensors, budgets) of one case."""
+    master = draw(case)
+    tensors = {n: a for n, a in master["optional"].items()}
+    tensors.update(exact_data(case, master))
+    budgets: dict = {}
+    for dtype in case.dtypes:
+        params = {n: rounded(a, dtype) for n, a in master["params"].items()}
+        dense = {n: rounded(a, dtype) for n, a in master["dense"].items()}
+        grad_out = rounded(master["grad_out"], dtype)
+        tensors.update({f"{dtype}/params/{n}": a for n, a in params.items()})
+        tensors.update({f"{dtype}/inputs/{n}": a for n, a in dense.items()})
+        tensors[f"{dtype}/grad_out"] = grad_out
+        if case.expect_error:
+            continue
+        p64 = {n: a.astype(np.float64) for n, a in params.items()}
+        d64 = {n: a.astype(np.float64) for n, a in dense.items()}
+        g64 = grad_out.astype(np.float64)
+        inputs64 = call_inputs(case, d64, master["optional"], explicit_kv=False)
+        out, weights, grads = truth(case, p64, inputs64, g64)
+        goldens = {"out": out, **({"weights": weights} if case.store_weights else {}),
+                   **{f"grad/{n}": g for n, g in grads.items()}}
+        tensors.update({f"{dtype}/golden/{n}": a for n, a in goldens.items()})
+        errors = {n: 0.0 for n in goldens}
+        emu_inputs = call_inputs(case, d64, master["optional"], explicit_kv=True)
+        for order in naive.ORDERS:
+            n_out, n_w, cache = naive.forward(case.spec, p64, emu_inputs, dtype, order)
+            n_grads = naive.backward(case.spec, cache, g64, order)
+            produced = {"out": n_out, "weights": n_w, **{f"grad/{n}": g for n, g in n_grads.items()}}
+            for n in goldens:
+                errors[n] = max(errors[n], tolerance.max_error(produced[n], goldens[n]))
+        budgets[dtype] = {n: tolerance.budget(n, dtype, errors[n], tolerance.floor_scale(n, goldens))
+                           for n in goldens}
+    return tensors, budgets
+
+
+def manifest_entry(case: Case, tensors: dict, budgets: dict) -> dict:
+    return {
+        "file": case_file(case.id),
+        "rules": list(case.all_rules),
+        "spec": spec_to_json(case.spec),
+        "dims": asdict(case.dims),
+        "self_attention": case.self_attention,
+        "dtypes": list(case.dtypes),
+        "features": sorted(case.features()),
+        "twins": [{"name": t.name, "rules": list(t.rules), "inputs": t.inputs,
+                   "spec": None if t.spec is None else spec_to_json(t.spec)} for t in case.twins],
+        "expect_error": case.expect_error,
+        "error_inputs": case.error_inputs,
+        "seed": case.seed,
+        "notes": case.notes,
+        "tensors": describe(tensors),
+        "budgets": budgets,
+    }
+
+
+def generator_versions() -> dict:
+    versions = {"attnspec": SPEC_VERSION}
+    for dist in ("numpy", "ml_dtypes", "safetensors"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[dist] = "unknown"
+    return versions
+
+
+def generate(directory: pathlib.Path = GOLDEN_DIR, cases=CASES, progress=None) -> dict:
+    """Rebuild every golden file and the manifest (written last, atomically)."""
+    directory = pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=directory) as tmp:
+        entries = {}
+        for case in cases:
+            tensors, budgets = build_case(case)
+            save_case(pathlib.Path(tmp), case.id, tensors)
+            entries[case.id] = manifest_entry(case, tensors, budgets)
+            if progress:
+                progress(case.id)
+        manifest = {"format": FORMAT, "spec_version": SPEC_VERSION, "generator": generator_versions(),
+                    "tolerance": {"k": tolerance.K, "floor_ulps": tolerance.FLOOR_ULPS}, "cases": entries}
+        for old in directory.glob("*.safetensors"):
+            old.unlink()
+        for new in pathlib.Path(tmp).glob("*.safetensors"):
+            shutil.move(str(new), directory / new.name)
+        (directory / MANIFEST).write_text(dump_manifest(manifest), encoding="utf-8")
+    return manifest
+
+
+def verify(directory: pathlib.Path = GOLDEN_DIR, cases=CASES, progress=None) -> list[str]:
+    """Recompute every case and list the differences from the stored goldens.
+
+    Structure (cases, tensors, shapes, dtypes, rules, specs) and inputs must
+    match exactly; goldens may drift by VERIFY_ULPS float64 ulps of the
+    largest entry (a different BLAS); budgets by a factor of 2.
+    """
+    problems: list[str] = []
+    manifest = load_manifest(directory)
+    if manifest["spec_version"] != SPEC_VERSION:
+        problems.append(f"manifest is for spec {manifest['spec_version']}, this is {SPEC_VERSION}")
+    stored_ids, catalog_ids = set(manifest["cases"]), {c.id for c in cases}
+    for missing in sorted(catalog_ids - stored_ids):
+        problems.append(f"{missing}: in the catalog but not in the goldens")
+    for extra in sorted(stored_ids - catalog_ids):
+        problems.append(f"{extra}: in the goldens but not in the catalog")
+    eps64 = np.finfo(np.float64).eps
+    for case in cases:
+        if case.id not in manifest["cases"]:
+            continue
+        entry = manifest["cases"][case.id]
+        try:
+            stored = load_case(case.id, entry, directory)
+        except GoldenError as e:
+            problems.append(str(e))
+            continue
+        tensors, budgets = build_case(case)
+        fresh = manifest_entry(case, tensors, budgets)
+        for key in ("file", "rules", "spec", "dims", "self_attention", "dtypes", "features", "twins",
+                    "expect_error", "error_inputs", "seed"):
+            if fresh[key] != entry[key]:
+                problems.append(f"{case.id}: {key} changed: stored {entry[key]!r}, catalog {fresh[key]!r}")
+        if sorted(tensors) != sorted(stored):
+            problems.append(f"{case.id}: tensor set changed")
+            continue
+        for name, a in tensors.items():
+            b = stored[name]
+            if a.shape != b.shape or a.dtype != b.dtype:
+                problems.append(f"{case.id}: {name} changed shape or dtype")
+            elif "/golden/" in name:
+                tol = VERIFY_ULPS * eps64 * max(1.0, float(np.max(np.abs(a), initial=0.0)))
+                drift = float(np.max(np.abs(a - b), initial=0.0))
+                if not drift <= tol:
+                    problems.append(f"{case.id}: {name} drifted by {drift:.3g} (> {tol:.3g})")
+            elif not np.array_equal(a, b, equal_nan=a.dtype.kind == "f"):
+                problems.append(f"{case.id}: input {name} changed")
+        for dtype, outs in budgets.items():
+            for out, new in outs.items():
+                old = entry["budgets"].get(dtype, {}).get(out)
+                if old is None or not (old["budget"] / 2 <= new["budget"] <= old["budget"] * 2 + 1e-300):
+                    problems.append(f"{case.id}: budget {dtype}/{out} moved from {old} to {new['budget']:.3g}")
+        if progress:
+            progress(case.id)
+    return problems

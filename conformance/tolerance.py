@@ -1,0 +1,70 @@
+"""Tolerance budgets (PREC-2): ``budget = k * e_base + floor``.
+
+``e_base`` is the largest error, against the float64 truth, of the naive
+same-dtype computation (``conformance.naive``) over its two operation
+orders. ``floor = FLOOR_ULPS * eps(dtype) * scale`` covers the rounding of
+the result itself: an implementation that computed exactly and rounded once
+would still be off by up to half an ulp of the largest entry, and on small
+cases errors come in whole ulps, so one naive sample can be luckier than
+another correct order by a few of them. FLOOR_ULPS = 4 (still far tighter
+than the framework test defaults, e.g. torch.testing's rtol of about 11
+float32 ulps). ``scale`` is
+max|truth|, except for a projection-bias gradient (grad/bq, bk, bv, bo),
+which is a sum over every batch element and position and can cancel to
+nearly 0 (grad/bk does, exactly, in theory: softmax ignores a constant added
+to every key): its scale is that of its weight's gradient (grad/wq, ...), a
+sum of the same terms each multiplied by an input of order 1.
+
+The factors ``k`` (written in spec/attention.md, PREC-2, with the reasoning):
+- outputs and weights, 2: the rule FlashAttention's tests use against a
+  same-dtype reference; a fused kernel reorders sums but should not be more
+  than twice as wrong as the plain computation;
+- gradients, 3: a backward pass has about twice the depth of rounded
+  operations of the forward pass (recomputed weights, two more matmuls per
+  input), and implementations legitimately recompute instead of storing.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+K = {"out": 2.0, "weights": 2.0, "grad": 3.0}
+FLOOR_ULPS = 4.0
+
+EPS = {
+    "float64": float(np.finfo(np.float64).eps),
+    "float32": float(np.finfo(np.float32).eps),
+    "float16": float(np.finfo(np.float16).eps),
+    "bfloat16": float(ml_dtypes.finfo(ml_dtypes.bfloat16).eps),
+}
+
+
+def k_for(output: str) -> float:
+    return K["grad"] if output.startswith("grad/") else K[output]
+
+
+def max_error(actual: np.ndarray, truth: np.ndarray) -> float:
+    """max |actual - truth| over the entries where the truth is finite."""
+    finite = np.isfinite(truth)
+    if not finite.any():
+        return 0.0
+    return float(np.max(np.abs(np.asarray(actual, np.float64)[finite] - truth[finite])))
+
+
+def magnitude(truth: np.ndarray) -> float:
+    return float(np.max(np.abs(truth[np.isfinite(truth)]), initial=0.0))
+
+
+def floor_scale(output: str, goldens: dict) -> float:
+    """max|truth| of the output, or of its weight's gradient for a bias gradient."""
+    scale = magnitude(goldens[output])
+    if output in ("grad/bq", "grad/bk", "grad/bv", "grad/bo"):
+        scale = max(scale, magnitude(goldens["grad/w" + output[-1]]))
+    return scale
+
+
+def budget(output: str, dtype: str, e_base: float, scale: float) -> dict:
+    k = k_for(output)
+    floor = FLOOR_ULPS * EPS[dtype] * scale
+    return {"e_base": e_base, "k": k, "floor": floor, "budget": k * e_base + floor}
