@@ -20,7 +20,7 @@ class Deviation:
     """A named, expected departure of one adapter from the spec (strict: it must keep failing)."""
 
     adapter: str
-    case: str  # fnmatch pattern over case ids
+    case: object  # an fnmatch pattern over case ids, or a list of them
     check: str  # fnmatch pattern over check names
     reason: str
     dtype: str = "*"
@@ -28,7 +28,8 @@ class Deviation:
     name: str = ""
 
     def matches(self, r: CheckResult) -> bool:
-        return (r.adapter == self.adapter and fnmatch.fnmatchcase(r.case, self.case)
+        cases = [self.case] if isinstance(self.case, str) else self.case
+        return (r.adapter == self.adapter and any(fnmatch.fnmatchcase(r.case, c) for c in cases)
                 and fnmatch.fnmatchcase(r.check, self.check) and fnmatch.fnmatchcase(r.dtype, self.dtype)
                 and fnmatch.fnmatchcase(r.device, self.device))
 
@@ -75,12 +76,18 @@ class Plan:
     devices: Optional[list] = None  # None: every device each adapter has
 
 
+GPU_ALIASES = {"cuda": "gpu", "gpu": "cuda"}  # torch says cuda, jax says gpu
+
+
 def matrix(plan: Plan):
     """Yield (adapter, caps, device, dtype, case, skip_reason) for every cell of the matrix."""
     for adapter in plan.adapters:
         reason = adapter.unavailable()
         caps = None if reason else adapter.capabilities()
         devices = plan.devices or (list(caps.devices) if caps else ["cpu"])
+        if caps:
+            devices = [d if d in caps.devices or GPU_ALIASES.get(d) not in caps.devices else GPU_ALIASES[d]
+                       for d in devices]
         for device in devices:
             for case in plan.cases:
                 for dtype in case.dtypes:

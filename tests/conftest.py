@@ -13,3 +13,15 @@ settings.register_profile(
     derandomize=True,
 )
 settings.load_profile("attnspec")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Print the mutant kill table when the mutant tests ran."""
+    kills = config.stash.get("attnspec_kills", None) if hasattr(config, "stash") else None
+    if not kills:
+        return
+    terminalreporter.section("conformance mutants: every one must be killed")
+    for name, (rule, cases) in sorted(kills.items()):
+        state = f"killed by {len(cases):2d} cases" if cases else "SURVIVED"
+        first = f" (e.g. {cases[0]})" if cases else ""
+        terminalreporter.write_line(f"{name:30s} {rule:10s} {state}{first}")

@@ -1,0 +1,185 @@
+"""``python -m conformance``: run, list, generate, verify.
+
+Usage errors (unknown adapter, dtype, device, case pattern, unwritable report
+folder) print one line and exit with status 2; a run with any failure exits
+with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import pathlib
+import sys
+import tempfile
+
+from spec import SPEC_VERSION, rule_ids
+
+from . import report
+from .adapters import AdapterError, available_names, load_adapter, BUILTIN, entry_points
+from .catalog import CASES
+from .store import GOLDEN_DIR, GoldenError
+
+DTYPES = ("float64", "float32", "bfloat16", "float16")
+DEVICES = ("cpu", "cuda", "gpu")
+
+
+class UsageError(Exception):
+    pass
+
+
+def _progress_bar(total: int, enabled: bool):
+    try:
+        from tqdm import tqdm
+    except ImportError:  # the bar is a convenience; the run does not need it
+        return None
+    bar = tqdm(total=total, unit="cell", disable=None if enabled else True, file=sys.stderr,
+               dynamic_ncols=True, leave=False)
+
+    def step(adapter, device, dtype, case_id):
+        bar.set_description_str(f"{adapter} {device} {dtype}", refresh=False)
+        bar.update(1)
+
+    step.close = bar.close
+    return step
+
+
+def _select_cases(patterns):
+    if not patterns:
+        return list(CASES)
+    chosen = [c for c in CASES if any(fnmatch.fnmatchcase(c.id, p) or p in c.id for p in patterns)]
+    if not chosen:
+        raise UsageError(f"--case {' '.join(patterns)}: matches no case (see `python -m conformance list`)")
+    return chosen
+
+
+def _check_report_dir(path: str) -> pathlib.Path:
+    directory = pathlib.Path(path)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory):
+            pass
+    except OSError as e:
+        raise UsageError(f"--report {path}: cannot write there ({e.strerror or e})") from None
+    return directory
+
+
+def _adapters(names):
+    names = names or list(BUILTIN) + sorted(entry_points())
+    out = []
+    for n in names:
+        try:
+            out.append(load_adapter(n))
+        except AdapterError as e:
+            raise UsageError(str(e)) from None
+    return out
+
+
+def cmd_run(args) -> int:
+    from .runner import Plan, matrix, run
+
+    for d in args.dtype or ():
+        if d not in DTYPES:
+            raise UsageError(f"--dtype {d}: expected one of {', '.join(DTYPES)}")
+    for d in args.device or ():
+        if d not in DEVICES:
+            raise UsageError(f"--device {d}: expected one of {', '.join(DEVICES)}")
+    report_dir = _check_report_dir(args.report) if args.report else None
+    plan = Plan(_adapters(args.adapter), _select_cases(args.case), args.dtype or None, args.device or None)
+    progress = _progress_bar(sum(1 for _ in matrix(plan)), not args.no_progress)
+    try:
+        results = run(plan, directory=pathlib.Path(args.goldens), progress=progress)
+    finally:
+        if progress is not None:
+            progress.close()
+    print(f"attnspec {SPEC_VERSION} conformance: {len(plan.cases)} cases, "
+          f"{len(results)} checks")
+    print(report.summary_table(results))
+    if args.verbose:
+        print(report.skip_reasons(results))
+    failed = report.failures(results)
+    if failed:
+        print(failed)
+    if report_dir:
+        for path in report.write_reports(results, report_dir):
+            print(f"wrote {path}")
+    n_fail = sum(r.failed for r in results)
+    print(f"{sum(r.status == 'pass' for r in results)} passed, {n_fail} failed, "
+          f"{sum(r.status == 'deviation' for r in results)} expected deviations, "
+          f"{sum(r.status == 'skip' for r in results)} skipped")
+    return 1 if n_fail else 0
+
+
+def cmd_list(args) -> int:
+    print(f"attnspec {SPEC_VERSION}: {len(CASES)} cases")
+    for c in CASES:
+        print(f"  {c.id:50s} {' '.join(c.dtypes):35s} {', '.join(c.rules)}")
+    covered = {r for c in CASES for r in c.all_rules}
+    print(f"\nrules ({len(rule_ids())}):")
+    for r in rule_ids():
+        n = sum(r in c.all_rules for c in CASES)
+        print(f"  {r:10s} {n:3d} cases" + ("" if r in covered else "   (NOT COVERED)"))
+    print("\nadapters:")
+    for name in available_names():
+        try:
+            a = load_adapter(name)
+            why = a.unavailable()
+            caps = None if why else a.capabilities()
+        except Exception as e:  # a broken outside adapter must not hide the others
+            why, caps = f"cannot load ({e})", None
+        if caps:
+            print(f"  {name:34s} available: {', '.join(caps.devices)}; {', '.join(caps.dtypes)}"
+                  f"{'' if caps.gradients else '; no gradients'}")
+        else:
+            print(f"  {name:34s} unavailable: {why}")
+    return 0
+
+
+def cmd_generate(args) -> int:
+    from .generate import generate
+
+    manifest = generate(pathlib.Path(args.goldens), progress=None)
+    print(f"generated {len(manifest['cases'])} cases in {args.goldens}")
+    return 0
+
+
+def cmd_verify(args) -> int:
+    from .generate import verify
+
+    problems = verify(pathlib.Path(args.goldens))
+    for p in problems:
+        print(p)
+    print("goldens verified: no changes" if not problems else f"{len(problems)} problems")
+    return 1 if problems else 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m conformance", description=f"attnspec {SPEC_VERSION} conformance harness")
+    p.add_argument("--goldens", default=str(GOLDEN_DIR), help="golden folder (default: the stored one)")
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the conformance matrix")
+    run.add_argument("--adapter", action="append", help="adapter name, mutant/NAME or module:Class (repeatable; "
+                     "default: every built-in and entry-point adapter)")
+    run.add_argument("--device", action="append", help="cpu, cuda or gpu (repeatable; default: all present)")
+    run.add_argument("--dtype", action="append", help="float64, float32, bfloat16, float16 (repeatable)")
+    run.add_argument("--case", action="append", help="case id pattern (fnmatch or substring; repeatable)")
+    run.add_argument("--report", help="folder for results.jsonl and matrix.md")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("-v", "--verbose", action="store_true", help="also list why cells were skipped")
+    sub.add_parser("list", help="cases, rules and adapters")
+    sub.add_parser("generate", help="rebuild the golden vectors and the manifest")
+    sub.add_parser("verify", help="recompute the goldens and report any change")
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    command = {"run": cmd_run, "list": cmd_list, "generate": cmd_generate, "verify": cmd_verify}[args.command]
+    try:
+        return command(args)
+    except UsageError as e:
+        print(f"conformance: {e}", file=sys.stderr)
+        return 2
+    except GoldenError as e:
+        print(f"conformance: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,120 @@
+"""Summaries and reports of a conformance run.
+
+- ``summary_table``: adapter x dtype x device with pass / fail / skip /
+  expected-deviation counts and the worst margin (error / budget).
+- ``write_reports``: ``results.jsonl`` (one record per check, with the
+  adapter's environment) and ``matrix.md`` (rule x adapter x dtype x device)
+  with the conformance claims each adapter may make (VER-2).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import platform
+from collections import defaultdict
+
+from spec import SPEC_VERSION, rule_ids
+
+STATUS_ORDER = ("pass", "fail", "unexpected-pass", "deviation", "skip")
+
+
+def _key(r):
+    return (r.adapter, r.dtype, r.device)
+
+
+def summary_rows(results: list) -> list:
+    groups: dict = defaultdict(list)
+    for r in results:
+        groups[_key(r)].append(r)
+    rows = []
+    for (adapter, dtype, device), rs in groups.items():
+        counts = {s: sum(r.status == s for r in rs) for s in STATUS_ORDER}
+        margins = [r.margin for r in rs if r.status == "pass" and r.margin is not None]
+        rows.append({"adapter": adapter, "dtype": dtype, "device": device, **counts,
+                     "worst_margin": max(margins) if margins else None})
+    return rows
+
+
+def summary_table(results: list) -> str:
+    rows = summary_rows(results)
+    header = ("adapter", "dtype", "device", "pass", "fail", "deviation", "skip", "worst margin")
+    lines = [[r["adapter"], r["dtype"], r["device"], str(r["pass"]), str(r["fail"] + r["unexpected-pass"]),
+              str(r["deviation"]), str(r["skip"]), "-" if r["worst_margin"] is None else f"{r['worst_margin']:.3f}"]
+             for r in rows]
+    widths = [max(len(h), *(len(l[i]) for l in lines)) if lines else len(h) for i, h in enumerate(header)]
+    fmt = "  ".join(f"{{:<{w}}}" if i < 3 else f"{{:>{w}}}" for i, w in enumerate(widths))
+    out = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
+    out += [fmt.format(*l) for l in lines]
+    return "\n".join(out)
+
+
+def failures(results: list, limit: int = 30) -> str:
+    bad = [r for r in results if r.failed]
+    lines = [f"FAIL {r.adapter} {r.device} {r.dtype} {r.case} [{r.check}] {r.message}" for r in bad[:limit]]
+    if len(bad) > limit:
+        lines.append(f"... and {len(bad) - limit} more (see --report)")
+    return "\n".join(lines)
+
+
+def skip_reasons(results: list) -> str:
+    reasons: dict = defaultdict(int)
+    for r in results:
+        if r.status == "skip":
+            reasons[(r.adapter, r.message)] += 1
+    return "\n".join(f"skip {adapter}: {msg} ({n}x)" for (adapter, msg), n in sorted(reasons.items()))
+
+
+def environment() -> dict:
+    import numpy
+
+    return {"attnspec_spec_version": SPEC_VERSION, "python": platform.python_version(),
+            "platform": platform.platform(), "numpy": numpy.__version__}
+
+
+def rule_matrix(results: list) -> tuple[list, dict]:
+    """cell[(rule, adapter, dtype, device)] = pass | fail | deviation | skip."""
+    columns = sorted({_key(r) for r in results})
+    cell: dict = {}
+    rank = {"skip": 0, "pass": 1, "deviation": 2, "fail": 3}
+    for r in results:
+        status = "fail" if r.failed else r.status
+        for rule in r.rules:
+            k = (rule,) + _key(r)
+            if rank[status] > rank.get(cell.get(k), -1):
+                cell[k] = status
+    return columns, cell
+
+
+def markdown_matrix(results: list) -> str:
+    columns, cell = rule_matrix(results)
+    symbol = {"pass": "pass", "fail": "**FAIL**", "deviation": "deviation", "skip": "skip", None: ""}
+    head = "| rule | " + " | ".join(f"{a}<br>{dt}<br>{dev}" for a, dt, dev in columns) + " |"
+    sep = "|---|" + "---|" * len(columns)
+    lines = [f"# attnspec {SPEC_VERSION} conformance matrix", "",
+             "Each cell: the worst status of the checks that exercise the rule (pass < deviation < FAIL);",
+             "skip: no case of that rule ran for the column. Deviations are listed in conformance/deviations.json.",
+             "", head, sep]
+    for rule in rule_ids():
+        lines.append(f"| {rule} | " + " | ".join(symbol[cell.get((rule,) + c)] for c in columns) + " |")
+    lines += ["", "## Claims (rule VER-2)", ""]
+    for col in columns:
+        passed = [rule for rule in rule_ids() if cell.get((rule,) + col) == "pass"]
+        lines.append(f"- {col[0]} ({col[1]}, {col[2]}): conforms to attnspec {SPEC_VERSION}, rules "
+                     f"{', '.join(passed) if passed else 'none'}")
+    return "\n".join(lines) + "\n"
+
+
+def write_reports(results: list, directory: pathlib.Path) -> list:
+    directory = pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    env = environment()
+    jsonl = directory / "results.jsonl"
+    with jsonl.open("w", encoding="utf-8") as f:
+        for r in results:
+            rec = r.record()
+            rec["environment"] = {**env, **r.environment}
+            f.write(json.dumps(rec, sort_keys=True, default=str) + "\n")
+    md = directory / "matrix.md"
+    md.write_text(markdown_matrix(results), encoding="utf-8")
+    return [jsonl, md]

@@ -1,0 +1,200 @@
+"""The harness itself: coverage, stored data integrity, mutants, deviations, CLI."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import spec
+from conformance import catalog, generate, runner, store
+from conformance.adapters import load_adapter
+from conformance.adapters.numpy_ref_adapter import NumpyRefAdapter
+from conformance.mutants import MUTANTS
+
+from _random_calls import random_call
+
+
+def test_every_rule_has_a_case():
+    covered = {r for c in catalog.CASES for r in c.all_rules}
+    missing = [r for r in spec.rule_ids() if r not in covered]
+    assert not missing, f"rules without a conformance case: {missing}"
+
+
+def test_case_rules_exist_and_ids_are_stable_paths():
+    declared = set(spec.rule_ids())
+    for c in catalog.CASES:
+        assert set(c.all_rules) <= declared, c.id
+        assert c.id == c.id.strip() and " " not in c.id and c.id.count("/") >= 1
+
+
+def test_catalog_covers_what_the_suite_promises():
+    ids = [c.id for c in catalog.CASES]
+    dims = [c.dims for c in catalog.CASES]
+    assert any(d.Lq >= 512 for d in dims), "a long case"
+    assert any(d.Lq == 37 for d in dims) and any(d.Lq == 1 for d in dims), "awkward sizes"
+    assert any(c.spec.relative is not None and c.spec.relative.per_head for c in catalog.CASES)
+    assert any("bottom-right" in i for i in ids) and any("top-left" in i for i in ids)
+    assert {f"mask/rank{n}" for n in range(1, 5)} <= {i.rsplit("-", 1)[0] for i in ids if i.startswith("mask/rank")}
+    assert sum(i.startswith("profile/") for i in ids) == 4
+
+
+def test_manifest_is_canonical_and_matches_the_catalog():
+    text = (store.GOLDEN_DIR / store.MANIFEST).read_text(encoding="utf-8")
+    manifest = json.loads(text)
+    assert store.dump_manifest(manifest) == text, "manifest.json is not in canonical form"
+    assert manifest["spec_version"] == spec.SPEC_VERSION
+    assert sorted(manifest["cases"]) == sorted(c.id for c in catalog.CASES)
+
+
+def test_goldens_are_small():
+    total = sum(p.stat().st_size for p in store.GOLDEN_DIR.iterdir())
+    assert total < 8 * 2**20, f"goldens take {total / 2**20:.1f} MiB"
+
+
+def test_verify_finds_no_drift():
+    assert generate.verify() == []
+
+
+def test_tampered_golden_is_refused(tmp_path):
+    shutil.copytree(store.GOLDEN_DIR, tmp_path / "g")
+    case = catalog.BY_ID["vanilla/self/basic"]
+    path = tmp_path / "g" / store.case_file(case.id)
+    from safetensors.numpy import load_file, save_file
+    import ml_dtypes  # noqa: F401
+
+    tensors = load_file(str(path))
+    tensors["float64/golden/out"] = tensors["float64/golden/out"] + 1e-12
+    save_file(tensors, str(path))
+    entry = store.load_manifest(tmp_path / "g")["cases"][case.id]
+    with pytest.raises(store.GoldenError, match="does not match its manifest sha256"):
+        store.load_case(case.id, entry, tmp_path / "g")
+    out = subprocess.run([sys.executable, "-m", "conformance", "--goldens", str(tmp_path / "g"), "run",
+                          "--adapter", "numpy", "--case", case.id, "--no-progress"], capture_output=True, text=True)
+    assert out.returncode == 2 and "refusing to judge against it" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_naive_emulation_in_float64_is_a_second_implementation():
+    """naive.py shares no forward/backward code with numpy_ref: at float64 they must agree."""
+    from conformance import naive
+    import numpy_ref
+
+    for seed in range(40):
+        c = random_call(seed)
+        key, value = c.key.copy(), c.value.copy()
+        inputs = dict(query=c.query, key=key, value=value, **c.kwargs)
+        g = np.random.default_rng(seed).normal(size=c.query.shape)
+        out, w = numpy_ref.attention(c.spec, c.params, c.query, key, value, **c.kwargs, return_weights=True)
+        grads = numpy_ref.attention_vjp(c.spec, c.params, c.query, key, value, g, **c.kwargs)
+        for order in naive.ORDERS:
+            n_out, n_w, cache = naive.forward(c.spec, c.params, inputs, "float64", order)
+            n_grads = naive.backward(c.spec, cache, g, order)
+            np.testing.assert_allclose(n_out, out, atol=1e-12, rtol=0)
+            np.testing.assert_allclose(n_w, w, atol=1e-12, rtol=0)
+            for name in grads:
+                np.testing.assert_allclose(n_grads[name], grads[name], atol=1e-11, rtol=0, err_msg=name)
+
+
+def test_reference_adapter_passes_with_zero_margin():
+    results = runner.run(runner.Plan([NumpyRefAdapter()]))
+    assert not [r for r in results if r.failed]
+    assert max(r.margin or 0.0 for r in results) == 0.0
+
+
+KILLS: dict = {}
+
+
+@pytest.mark.parametrize("name", list(MUTANTS))
+def test_mutant_is_caught(name, request):
+    results = runner.run(runner.Plan([MUTANTS[name]()]), deviations=[])
+    killing = sorted({r.case for r in results if r.status == "fail"})
+    request.config.stash.setdefault("attnspec_kills", {})[name] = (MUTANTS[name].rule, killing)
+    assert killing, f"mutant {name} ({MUTANTS[name].description}) passed every case: the harness is broken"
+
+
+def test_there_are_at_least_twelve_mutants():
+    assert len(MUTANTS) >= 12
+    assert all(m.rule in spec.rule_ids() for m in MUTANTS.values())
+
+
+def test_deviation_that_stops_failing_is_reported():
+    fake = runner.Deviation(adapter="numpy", case="vanilla/self/basic", check="out", reason="pretend", name="fake")
+    results = runner.run(runner.Plan([NumpyRefAdapter()], cases=[catalog.BY_ID["vanilla/self/basic"]],
+                                     dtypes=["float64"]), deviations=[fake])
+    bad = [r for r in results if r.status == "unexpected-pass"]
+    assert len(bad) == 1 and "fake no longer occurs" in bad[0].message
+
+
+def test_deviation_marks_a_real_failure_as_expected():
+    fake = runner.Deviation(adapter="mutant/wrong-scale", case="vanilla/self/basic", check="*", reason="r", name="x")
+    results = runner.run(runner.Plan([MUTANTS["wrong-scale"]()], cases=[catalog.BY_ID["vanilla/self/basic"]],
+                                     dtypes=["float64"]), deviations=[fake])
+    assert {r.status for r in results} <= {"deviation", "pass"} and any(r.status == "deviation" for r in results)
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "conformance", *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["run", "--adapter", "nope"], "conformance: unknown adapter 'nope': expected one of numpy"),
+    (["run", "--adapter", "no_such_module:Cls"], "conformance: adapter 'no_such_module:Cls': cannot import no_such_module"),
+    (["run", "--dtype", "float8"], "conformance: --dtype float8: expected one of float64, float32, bfloat16, float16"),
+    (["run", "--device", "tpu"], "conformance: --device tpu: expected one of cpu, cuda, gpu"),
+    (["run", "--case", "no/such/case"], "conformance: --case no/such/case: matches no case"),
+    (["run", "--report", "/proc/attnspec-report"], "conformance: --report /proc/attnspec-report: cannot write there"),
+])
+def test_cli_usage_errors_are_one_line(args, message):
+    out = cli(*args)
+    assert out.returncode == 2
+    assert out.stderr.strip().startswith(message), out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+
+
+def test_cli_run_writes_reports(tmp_path):
+    out = cli("run", "--adapter", "numpy", "--case", "shaw/k2/*", "--report", str(tmp_path), "--no-progress")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "numpy" in out.stdout and "worst margin" in out.stdout
+    assert out.stdout.strip().splitlines()[-1].endswith("skipped") and " 0 failed" in out.stdout
+    records = [json.loads(l) for l in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert records and all({"case", "check", "status", "max_abs", "max_rel", "budget", "margin", "where",
+                            "environment", "rules"} <= set(r) for r in records)
+    assert all(r["environment"]["attnspec_spec_version"] == spec.SPEC_VERSION for r in records)
+    matrix = (tmp_path / "matrix.md").read_text()
+    assert "| SHAW-2 |" in matrix and "conforms to attnspec" in matrix
+
+
+def test_cli_run_of_a_mutant_fails():
+    out = cli("run", "--adapter", "mutant/wrong-scale", "--case", "vanilla/self/basic", "--no-progress")
+    assert out.returncode == 1 and "FAIL mutant/wrong-scale" in out.stdout
+
+
+def test_cli_list_names_cases_rules_and_adapters():
+    out = cli("list")
+    assert out.returncode == 0
+    for text in ("vanilla/self/basic", "HUANG-3", "torch-sdpa", "mutant/wrong-scale", "NOT COVERED"):
+        assert (text in out.stdout) == (text != "NOT COVERED"), text
+
+
+def test_outside_adapter_by_module_class():
+    a = load_adapter("conformance.adapters.numpy_ref_adapter:NumpyRefAdapter")
+    assert a.name == "numpy"
+
+
+def test_porting_guide_example_passes_the_harness():
+    """The complete example adapter in conformance/PORTING.md, run as written."""
+    import re
+    import types
+
+    text = (store.GOLDEN_DIR.parent / "PORTING.md").read_text(encoding="utf-8")
+    code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    module = types.ModuleType("porting_example")
+    exec(compile(code, "PORTING.md", "exec"), module.__dict__)
+    adapter = module.Float32Port()
+    results = runner.run(runner.Plan([adapter]))
+    ran = [r for r in results if r.status != "skip"]
+    assert len({r.case for r in ran}) >= 15, "the example must exercise a good part of the catalog"
+    assert not [f"{r.case} [{r.check}] {r.message}" for r in results if r.failed]
