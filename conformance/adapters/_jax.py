@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .base import Adapter
+
 
 def jax_available():
     try:
@@ -71,3 +73,21 @@ def allowed_mask(spec, inputs: dict, B: int, H: int, Lq: int, Lk: int):
     if inputs.get("mask") is not None:
         allowed = allowed & jnp.asarray(inputs["mask"])
     return allowed
+
+
+class JaxAdapter(Adapter):
+    """Base of the JAX adapters: availability, x64 set-up, environment record."""
+
+    def __init__(self):
+        self._env = None
+
+    def unavailable(self):
+        return jax_available()
+
+    def extra_environment(self) -> dict:
+        return {}
+
+    def environment(self):
+        if self._env is None:
+            self._env = {**setup(), **self.extra_environment()}
+        return self._env

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .base import Adapter
+
 
 def torch_available():
     try:
@@ -75,3 +77,13 @@ def allowed_mask(spec, inputs: dict, B: int, H: int, Lq: int, Lk: int, device: s
     if inputs.get("mask") is not None:
         allowed = allowed & to_torch(inputs["mask"], device)
     return allowed
+
+
+class TorchAdapter(Adapter):
+    """Base of the PyTorch adapters: availability and numerics pinning."""
+
+    def unavailable(self):
+        return torch_available()
+
+    def environment(self):
+        return pin_numerics()

@@ -13,7 +13,7 @@ import functools
 import numpy as np
 
 from . import _jax
-from .base import Adapter, Capabilities
+from .base import Capabilities
 
 PROJ = {"q": "query", "k": "key", "v": "value"}
 
@@ -55,15 +55,9 @@ def _state_arrays(state) -> dict:
             for attr in ("query", "key", "value", "out")}
 
 
-class FlaxMHAAdapter(Adapter):
+class FlaxMHAAdapter(_jax.JaxAdapter):
     name = "flax-mha"
     description = "flax.nnx.MultiHeadAttention with the canonical parameters"
-
-    def __init__(self):
-        self._env = None
-
-    def unavailable(self):
-        return _jax.jax_available()
 
     def capabilities(self):
         self.environment()
@@ -78,12 +72,10 @@ class FlaxMHAAdapter(Adapter):
                    "dropout-keep": "dropout from its Rngs"},
         )
 
-    def environment(self):
-        if self._env is None:
-            import flax
+    def extra_environment(self):
+        import flax
 
-            self._env = {**_jax.setup(), "flax": flax.__version__, "precision": "HIGHEST"}
-        return self._env
+        return {"flax": flax.__version__, "precision": "HIGHEST for float32/float64"}
 
     @staticmethod
     @functools.lru_cache(maxsize=None)

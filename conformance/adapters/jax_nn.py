@@ -12,20 +12,14 @@ import functools
 import numpy as np
 
 from . import _jax
-from .base import Adapter, Capabilities
+from .base import Capabilities
 
 DENSE = ("query", "key", "value", "bias")
 
 
-class JaxNNAdapter(Adapter):
+class JaxNNAdapter(_jax.JaxAdapter):
     name = "jax-nn"
     description = "jax.nn.dot_product_attention (xla) + canonical projections"
-
-    def __init__(self):
-        self._env = None
-
-    def unavailable(self):
-        return _jax.jax_available()
 
     def capabilities(self):
         self.environment()
@@ -39,11 +33,6 @@ class JaxNNAdapter(Adapter):
                    "huang": "no relative positions", "mask-fill": "its own fill value",
                    "dropout-keep": "no dropout"},
         )
-
-    def environment(self):
-        if self._env is None:
-            self._env = _jax.setup()
-        return self._env
 
     @staticmethod
     @functools.lru_cache(maxsize=None)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _torch
-from .base import Adapter, Capabilities
+from .base import Capabilities
 
 
 def to_module(spec, params: dict, device: str, dtype):
@@ -50,12 +50,9 @@ def grads_of(spec, m) -> dict:
     return grads
 
 
-class TorchMHAAdapter(Adapter):
+class TorchMHAAdapter(_torch.TorchAdapter):
     name = "torch-mha"
     description = "torch.nn.MultiheadAttention(batch_first=True) with the canonical parameters"
-
-    def unavailable(self):
-        return _torch.torch_available()
 
     def capabilities(self):
         return Capabilities(
@@ -65,9 +62,6 @@ class TorchMHAAdapter(Adapter):
                    "shaw": "no relative positions", "huang": "no relative positions",
                    "mask-fill": "masked logits are -inf", "dropout-keep": "dropout uses its own RNG"},
         )
-
-    def environment(self):
-        return _torch.pin_numerics()
 
     def _run(self, spec, m, inputs, device, leaves):
         import torch

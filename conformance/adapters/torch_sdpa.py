@@ -8,15 +8,12 @@ weights returned.
 from __future__ import annotations
 
 from . import _torch
-from .base import Adapter, Capabilities
+from .base import Capabilities
 
 
-class TorchSDPAAdapter(Adapter):
+class TorchSDPAAdapter(_torch.TorchAdapter):
     name = "torch-sdpa"
     description = "torch.nn.functional.scaled_dot_product_attention + canonical projections"
-
-    def unavailable(self):
-        return _torch.torch_available()
 
     def capabilities(self):
         return Capabilities(
@@ -28,9 +25,6 @@ class TorchSDPAAdapter(Adapter):
                    "shaw": "no relative positions", "huang": "no relative positions",
                    "mask-fill": "masked logits are -inf", "dropout-keep": "dropout uses its own RNG"},
         )
-
-    def environment(self):
-        return _torch.pin_numerics()
 
     def _run(self, spec, params, inputs, device, leaves=None):
         import torch
