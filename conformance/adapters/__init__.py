@@ -15,6 +15,7 @@ ENTRY_POINT_GROUP = "attnspec.adapters"
 
 BUILTIN = {
     "numpy": "conformance.adapters.numpy_ref_adapter:NumpyRefAdapter",
+    "torch": "conformance.adapters.torch_impl_adapter:TorchImplAdapter",
     "torch-sdpa": "conformance.adapters.torch_sdpa:TorchSDPAAdapter",
     "torch-mha": "conformance.adapters.torch_mha:TorchMHAAdapter",
     "jax-nn": "conformance.adapters.jax_nn:JaxNNAdapter",

@@ -1,0 +1,268 @@
+"""torch_impl against the float64 reference, its module, interop, compile, memory and errors.
+
+(The full conformance matrix for the ``torch`` adapter runs in
+test_conformance_matrix.py.)
+"""
+
+import re
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+torch = pytest.importorskip("torch", reason="torch_impl needs PyTorch: pip install attnspec[torch]")
+
+import numpy_ref  # noqa: E402
+import torch_impl  # noqa: E402
+from spec import AttentionSpec, Huang, Shaw  # noqa: E402
+
+from _random_calls import random_call  # noqa: E402
+
+CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                     reason="no CUDA device present on this machine"))
+DEVICES = ["cpu", CUDA]
+
+
+def tensors(call, device="cpu", requires_grad=False):
+    t = lambda a: None if a is None else torch.as_tensor(np.asarray(a), device=device)
+    params = {n: t(a).requires_grad_(requires_grad) for n, a in call.params.items()}
+    q, k, v = (t(a).clone().requires_grad_(requires_grad) for a in (call.query, call.key, call.value))
+    kw = {n: t(a) for n, a in call.kwargs.items()}
+    if "bias" in kw and requires_grad:
+        kw["bias"] = kw["bias"].clone().requires_grad_(True)
+    return params, q, k, v, kw
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_forward_and_gradients_match_the_reference_in_float64(device, seed):
+    call = random_call(seed)
+    call.key, call.value = call.key.copy(), call.value.copy()
+    params, q, k, v, kw = tensors(call, device, requires_grad=True)
+    out, w = torch_impl.attention(call.spec, params, q, k, v, **kw, return_weights=True)
+    ref_out, ref_w = numpy_ref.attention(*call.args(), **call.kwargs, return_weights=True)
+    np.testing.assert_allclose(out.detach().cpu().numpy(), ref_out, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(w.detach().cpu().numpy(), ref_w, rtol=0, atol=1e-12)
+    g = np.random.default_rng(seed).normal(size=ref_out.shape)
+    # the gradient path without weights may take the fused kernel: check it too
+    out2 = torch_impl.attention(call.spec, params, q, k, v, **kw)
+    np.testing.assert_allclose(out2.detach().cpu().numpy(), ref_out, rtol=0, atol=1e-12)
+    out2.backward(torch.as_tensor(g, device=device))
+    ref = numpy_ref.attention_vjp(*call.args(), g, **call.kwargs)
+    got = {"query": q.grad, "key": k.grad, "value": v.grad, **{n: p.grad for n, p in params.items()}}
+    if "bias" in kw:
+        got["bias"] = kw["bias"].grad
+    for name, expected in ref.items():
+        np.testing.assert_allclose(got[name].cpu().numpy(), expected, rtol=0, atol=1e-11, err_msg=name)
+
+
+def test_self_attention_defaults_key_and_value():
+    spec = AttentionSpec(2, 3, relative=Huang(4))
+    call = random_call(1, spec=spec, cross=False)
+    params, q, _, _, _ = tensors(call)
+    np.testing.assert_allclose(torch_impl.attention(spec, params, q).numpy(),
+                               numpy_ref.attention(spec, call.params, call.query), atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_16_bit_and_float32_stay_in_their_dtype(dtype):
+    spec = AttentionSpec(2, 4, relative=Shaw(2), causal=True)
+    m = torch_impl.MultiHeadAttention(spec, dtype=dtype)
+    x = torch.randn(2, 6, 8, dtype=dtype)
+    out, w = m(x, return_weights=True)
+    assert out.dtype == dtype and w.dtype == dtype
+    ref = numpy_ref.attention(spec, {n: a.astype(np.float64) for n, a in m.canonical_params().items()},
+                              x.float().numpy().astype(np.float64))
+    tol = {torch.float32: 1e-5, torch.bfloat16: 5e-2, torch.float16: 5e-3}[dtype]
+    np.testing.assert_allclose(out.float().detach().numpy(), ref, atol=tol)
+
+
+# ---------------------------------------------------------------- module
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+def test_canonical_round_trip_is_exact(dtype):
+    spec = AttentionSpec(2, 3, relative=Shaw(2, per_head=True))
+    m = torch_impl.MultiHeadAttention(spec, dtype=dtype)
+    params = m.canonical_params()
+    assert {n: a.shape for n, a in params.items()} == spec.param_shapes()
+    m2 = torch_impl.MultiHeadAttention(spec, dtype=dtype).load_canonical(params)
+    for n, a in m2.canonical_params().items():
+        assert a.dtype == params[n].dtype and a.tobytes() == params[n].tobytes(), n
+    # the module stores nn.Linear weights (out, in): canonical wq is its transpose
+    assert np.array_equal(params["wq"].astype(np.float64), m.q_proj.weight.detach().double().numpy().T)
+
+
+def test_module_matches_functional_and_reference():
+    spec = AttentionSpec(2, 3, relative=Huang(5), causal=True)
+    ref_params = numpy_ref.init_params(spec, 3)
+    m = torch_impl.MultiHeadAttention(spec, dtype=torch.float64).load_canonical(ref_params)
+    x = np.random.default_rng(0).normal(size=(2, 7, 6))
+    np.testing.assert_allclose(m(torch.as_tensor(x)).detach().numpy(), numpy_ref.attention(spec, ref_params, x),
+                               atol=1e-12)
+
+
+def test_training_mode_draws_dropout_from_the_torch_rng_and_eval_has_none():
+    spec = AttentionSpec(2, 3, relative=Shaw(1), dropout=0.4)
+    ref_params = numpy_ref.init_params(spec, 0)
+    m = torch_impl.MultiHeadAttention(spec, dtype=torch.float64).load_canonical(ref_params)
+    x = torch.as_tensor(np.random.default_rng(1).normal(size=(2, 5, 6)))
+    m.train()
+    torch.manual_seed(7)
+    out = m(x)
+    torch.manual_seed(7)
+    keep = torch.rand(2, 2, 5, 5) >= 0.4  # the same draw
+    expected = numpy_ref.attention(spec, ref_params, x.numpy(), dropout_keep=keep.numpy())
+    np.testing.assert_allclose(out.detach().numpy(), expected, atol=1e-12)
+    assert 0.3 < 1 - keep.float().mean().item() < 0.5
+    m.eval()
+    np.testing.assert_allclose(m(x).detach().numpy(), numpy_ref.attention(spec, ref_params, x.numpy()), atol=1e-12)
+
+
+def test_load_canonical_refuses_silent_casts_and_bad_entries():
+    spec = AttentionSpec(2, 3)
+    m = torch_impl.MultiHeadAttention(spec)  # float32
+    params64 = numpy_ref.init_params(spec, 0)
+    with pytest.raises(TypeError, match=re.escape("params: expected arrays of the module's dtype torch.float32 "
+                                                  "(cast them explicitly first), got dtype float64")):
+        m.load_canonical(params64)
+    params32 = {n: a.astype(np.float32) for n, a in params64.items()}
+    params32.pop("bo")
+    with pytest.raises(ValueError, match=re.escape("params: expected entries ['wq', 'wk', 'wv', 'wo', 'bq', 'bk', "
+                                                   "'bv', 'bo'] for this spec, got missing ['bo'], unexpected []")):
+        m.load_canonical(params32)
+
+
+# ---------------------------------------------------------------- interop
+@pytest.mark.parametrize("bias", [True, False])
+def test_torch_mha_round_trip_is_exact_and_computes_the_same(bias):
+    spec = AttentionSpec(2, 4, bias=bias)
+    params = {n: a.astype(np.float32) for n, a in numpy_ref.init_params(spec, 5).items()}
+    mha = torch_impl.to_torch_mha(spec, params)
+    assert mha.batch_first
+    spec2, back = torch_impl.from_torch_mha(mha)
+    assert spec2 == spec and sorted(back) == sorted(params)
+    for n in params:
+        assert np.array_equal(back[n], params[n]), n
+    x = torch.randn(2, 5, 8)
+    mask = torch.rand(2, 1, 5, 5) < 0.8
+    mask[..., 0] = True  # no empty rows: nn.MultiheadAttention gives NaN there
+    ours = torch_impl.attention(spec, {n: torch.as_tensor(a) for n, a in params.items()}, x, mask=mask)
+    theirs, _ = mha(x, x, x, attn_mask=~mask.expand(2, 2, 5, 5).reshape(4, 5, 5))  # True = ignore
+    np.testing.assert_allclose(ours.detach().numpy(), theirs.detach().numpy(), atol=1e-5)
+
+
+def test_from_torch_mha_of_a_fresh_module():
+    mha = torch.nn.MultiheadAttention(12, 3, batch_first=True)
+    spec, params = torch_impl.from_torch_mha(mha)
+    assert spec == AttentionSpec(3, 4)
+    m = torch_impl.MultiHeadAttention(spec).load_canonical(params)
+    x = torch.randn(1, 4, 12)
+    np.testing.assert_allclose(m(x).detach().numpy(), mha(x, x, x)[0].detach().numpy(), atol=1e-5)
+
+
+def test_interop_rejects_what_it_cannot_express():
+    with pytest.raises(ValueError, match=re.escape("spec.relative: expected None (nn.MultiheadAttention cannot "
+                                                   "express it), got Shaw(")):
+        torch_impl.to_torch_mha(AttentionSpec(2, 2, relative=Shaw(1)), {})
+    with pytest.raises(ValueError, match=re.escape("module: expected no add_bias_kv / add_zero_attn")):
+        torch_impl.from_torch_mha(torch.nn.MultiheadAttention(4, 2, add_bias_kv=True))
+    with pytest.raises(TypeError, match=re.escape("module: expected a torch.nn.MultiheadAttention, got Linear")):
+        torch_impl.from_torch_mha(torch.nn.Linear(2, 2))
+
+
+# ---------------------------------------------------------------- compile
+@pytest.mark.parametrize("relative", [Shaw(2), Huang(8)], ids=["shaw", "huang"])
+def test_torch_compile_matches_eager_on_cpu(relative):
+    spec = AttentionSpec(2, 4, relative=relative, causal=True)
+    m = torch_impl.MultiHeadAttention(spec).eval()
+    x = torch.randn(2, 8, 8)
+    mask = torch.rand(2, 1, 1, 8) < 0.9
+    compiled = torch.compile(m)
+    np.testing.assert_allclose(compiled(x, mask=mask).detach().numpy(), m(x, mask=mask).detach().numpy(), atol=1e-5)
+
+
+# ---------------------------------------------------------------- memory
+MEMORY_PROBE = textwrap.dedent("""
+    import resource, sys, torch, torch_impl
+    from spec import AttentionSpec, Shaw
+    torch.set_num_threads(1)
+    L, d = 2048, 64
+    spec = AttentionSpec(1, d, relative=Shaw(16))
+    m = torch_impl.MultiHeadAttention(spec).eval()
+    x = torch.randn(1, L, d)
+    with torch.no_grad():
+        m(torch.randn(1, 8, d))                       # warm up allocators and kernels
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        m(x)
+        after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print((after - before) * 1024)
+""")
+
+
+def test_shaw_forward_memory_stays_far_below_an_lq_lk_d_tensor():
+    """Measured peak RSS growth of one forward at L = 2048 (a subprocess, so nothing else counts)."""
+    out = subprocess.run([sys.executable, "-c", MEMORY_PROBE], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    extra = int(out.stdout.strip().splitlines()[-1])
+    lqlkd = 2048 * 2048 * 64 * 4  # (L, L, d) float32: 1 GiB
+    assert extra < lqlkd / 4, f"peak grew by {extra / 2**20:.0f} MiB, an (L, L, d) tensor is {lqlkd / 2**20:.0f} MiB"
+
+
+# ---------------------------------------------------------------- errors
+@pytest.fixture
+def small():
+    spec = AttentionSpec(2, 2, relative=Shaw(1))
+    params = {n: torch.as_tensor(a.astype(np.float32)) for n, a in numpy_ref.init_params(spec, 0).items()}
+    return spec, params, torch.randn(2, 3, 4)
+
+
+def test_bad_input_messages_match_the_reference(small):
+    spec, params, x = small
+    with pytest.raises(TypeError, match=re.escape("mask: expected a boolean array (True = attend); for an additive "
+                                                  "float mask use bias=, got dtype torch.float32")):
+        torch_impl.attention(spec, params, x, mask=torch.ones(3, 3))
+    with pytest.raises(ValueError, match=re.escape("query: expected shape (B, Lq, D) with D = model_dim = 4, "
+                                                   "got (3, 4)")):
+        torch_impl.attention(spec, params, x[0])
+    with pytest.raises(ValueError, match=re.escape("dropout_keep: expected None because spec.dropout == 0")):
+        torch_impl.attention(spec, params, x, dropout_keep=torch.ones(2, 2, 3, 3, dtype=torch.bool))
+    with pytest.raises(TypeError, match=re.escape("q_positions: expected an integer array of positions, got dtype "
+                                                  "torch.float32")):
+        torch_impl.attention(spec, params, x, q_positions=torch.zeros(3))
+
+
+def test_no_implicit_casts(small):
+    spec, params, x = small
+    with pytest.raises(TypeError, match=re.escape("key: expected the query's dtype torch.float32 (no implicit "
+                                                  "casting), got dtype torch.float64")):
+        torch_impl.attention(spec, params, x, x.double())
+    with pytest.raises(TypeError, match=re.escape("params['wq']: expected the query's dtype torch.float32 (no "
+                                                  "implicit casting), got dtype torch.float64")):
+        torch_impl.attention(spec, {**params, "wq": params["wq"].double()}, x)
+    with pytest.raises(ValueError, match=re.escape("params['rel_v']: expected shape (3, 2), got (2, 3, 2)")):
+        torch_impl.attention(spec, {**params, "rel_v": torch.zeros(2, 3, 2)}, x)
+    with pytest.raises(ValueError, match=re.escape("params: expected entries")):
+        torch_impl.attention(spec, {n: a for n, a in params.items() if n != "rel_k"}, x)
+
+
+def test_tensors_on_another_device_are_rejected(small):
+    """Checked on the meta device, so it runs without a GPU."""
+    spec, params, x = small
+    with pytest.raises(ValueError, match=re.escape("mask: expected an array on the query's device cpu, got device "
+                                                   "meta")):
+        torch_impl.attention(spec, params, x, mask=torch.ones(3, 3, dtype=torch.bool, device="meta"))
+    with pytest.raises(ValueError, match=re.escape("params['wq']: expected a tensor on the query's device cpu, got "
+                                                   "device meta")):
+        torch_impl.attention(spec, {**params, "wq": params["wq"].to("meta")}, x)
+    with pytest.raises(TypeError, match=re.escape("mask: expected a torch.Tensor, got ndarray")):
+        torch_impl.attention(spec, params, x, mask=np.ones((3, 3), bool))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tensors_follow_their_inputs(device):
+    spec = AttentionSpec(2, 2, relative=Huang(3), causal=True)
+    m = torch_impl.MultiHeadAttention(spec, device=device)
+    out, w = m(torch.randn(1, 4, 4, device=device), return_weights=True)
+    assert out.device.type == device and w.device.type == device

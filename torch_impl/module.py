@@ -1,0 +1,150 @@
+"""``MultiHeadAttention``: an ``nn.Module`` that owns the parameters and calls the core.
+
+Parameters are stored the way PyTorch users expect: ``q_proj``, ``k_proj``,
+``v_proj``, ``out_proj`` are ``nn.Linear`` layers (weight ``(out, in)``),
+``rel_k`` / ``rel_v`` are tables of the canonical shape. ``load_canonical``
+and ``canonical_params`` convert to and from the canonical ``(in, out)``
+layout exactly (PARAM-3).
+"""
+
+from __future__ import annotations
+
+
+import numpy as np
+import torch
+from torch import nn
+
+from spec import AttentionSpec
+from spec.validation import fail_type, fail_value
+
+from . import functional
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A tensor's exact values as NumPy (bfloat16 through ml_dtypes)."""
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise TypeError("bfloat16 parameters: expected ml_dtypes to be installed to export them to NumPy "
+                            "exactly (pip install ml_dtypes)") from None
+        return np.ascontiguousarray(t.float().numpy().astype(ml_dtypes.bfloat16))
+    return np.array(t.numpy(), order="C", copy=True)
+
+
+def from_numpy(a, dtype: torch.dtype, device) -> torch.Tensor:
+    """Exact conversion of a NumPy array (or tensor) to a tensor of ``dtype``; refuses any cast."""
+    if isinstance(a, torch.Tensor):
+        t = a.detach()
+        got = str(t.dtype)
+    else:
+        a = np.asarray(a)
+        got = a.dtype.name
+        t = torch.from_numpy(a.astype(np.float32)) if got == "bfloat16" else torch.from_numpy(np.ascontiguousarray(a))
+        if got == "bfloat16":
+            t = t.to(torch.bfloat16)
+    if t.dtype != dtype:
+        raise fail_type("params", f"arrays of the module's dtype {dtype} (cast them explicitly first)", f"dtype {got}")
+    return t.to(device)
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention with optional Shaw or Huang relative positions (spec/attention.md).
+
+    Args:
+      spec: the ``AttentionSpec``.
+      device, dtype: where and how the parameters are created (factory kwargs).
+
+    Initialisation: projection weights Xavier-uniform (as ``nn.MultiheadAttention``),
+    biases zero, relative tables N(0, 0.02^2).
+
+    ``forward(query, key=None, value=None, *, mask, bias, q_positions, k_positions,
+    dropout_keep, return_weights)`` has the keywords of ``torch_impl.attention``. In
+    training mode with ``spec.dropout > 0`` and no ``dropout_keep``, the keep mask is
+    drawn from the torch RNG with P(keep) = 1 - p (DROP-3); in eval mode there is no
+    dropout unless a keep mask is passed.
+    """
+
+    def __init__(self, spec: AttentionSpec, device=None, dtype=None):
+        super().__init__()
+        if not isinstance(spec, AttentionSpec):
+            raise TypeError(f"spec: expected an AttentionSpec, got {type(spec).__name__}")
+        self.spec = spec
+        D = spec.model_dim
+        factory = {"device": device, "dtype": dtype}
+        self.q_proj = nn.Linear(D, D, bias=spec.bias, **factory)
+        self.k_proj = nn.Linear(D, D, bias=spec.bias, **factory)
+        self.v_proj = nn.Linear(D, D, bias=spec.bias, **factory)
+        self.out_proj = nn.Linear(D, D, bias=spec.bias, **factory)
+        shapes = spec.param_shapes()
+        self.rel_k = nn.Parameter(torch.empty(shapes["rel_k"], **factory)) if "rel_k" in shapes else None
+        self.rel_v = nn.Parameter(torch.empty(shapes["rel_v"], **factory)) if "rel_v" in shapes else None
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        for lin in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
+            nn.init.xavier_uniform_(lin.weight)
+            if lin.bias is not None:
+                nn.init.zeros_(lin.bias)
+        for table in (self.rel_k, self.rel_v):
+            if table is not None:
+                nn.init.normal_(table, std=0.02)
+
+    def _linears(self):
+        return {"q": self.q_proj, "k": self.k_proj, "v": self.v_proj, "o": self.out_proj}
+
+    def params(self) -> dict:
+        """Canonical views of the parameters (no copies; autograd flows into the module)."""
+        out = {}
+        for n, lin in self._linears().items():
+            out["w" + n] = lin.weight.T
+            if lin.bias is not None:
+                out["b" + n] = lin.bias
+        for n in ("rel_k", "rel_v"):
+            if getattr(self, n) is not None:
+                out[n] = getattr(self, n)
+        return out
+
+    @torch.no_grad()
+    def load_canonical(self, params: dict) -> "MultiHeadAttention":
+        """Copy a canonical parameter set (NumPy arrays or tensors of the module's dtype) in, exactly."""
+        if not isinstance(params, dict):
+            raise TypeError(f"params: expected a dict of arrays, got {type(params).__name__}")
+        expected = self.spec.param_shapes()
+        if sorted(params) != sorted(expected):
+            missing = [n for n in expected if n not in params]
+            extra = sorted(n for n in params if n not in expected)
+            raise fail_value("params", f"entries {list(expected)} for this spec",
+                             f"missing {missing}, unexpected {extra}")
+        ref = self.q_proj.weight
+        for name, shape in expected.items():
+            t = from_numpy(params[name], ref.dtype, ref.device)
+            if tuple(t.shape) != shape:
+                raise fail_value(f"params[{name!r}]", f"shape {shape}", tuple(t.shape))
+            if name in ("rel_k", "rel_v"):
+                getattr(self, name).copy_(t)
+            else:
+                lin = self._linears()[name[1]]
+                (lin.weight.copy_(t.T) if name[0] == "w" else lin.bias.copy_(t))
+        return self
+
+    def canonical_params(self) -> dict:
+        """The parameters in the canonical layout as NumPy arrays, exactly (PARAM-3)."""
+        return {n: to_numpy(t) for n, t in self.params().items()}
+
+    def forward(self, query, key=None, value=None, *, mask=None, bias=None, q_positions=None,
+                k_positions=None, dropout_keep=None, return_weights: bool = False):
+        if dropout_keep is None and self.training and self.spec.dropout > 0:
+            B, Lq, _ = query.shape
+            Lk = (query if key is None else key).shape[1]
+            shape = (B, self.spec.num_heads, Lq, Lk)
+            dropout_keep = torch.rand(shape, device=query.device) >= self.spec.dropout
+        return functional.attention(self.spec, self.params(), query, key, value, mask=mask, bias=bias,
+                                    q_positions=q_positions, k_positions=k_positions,
+                                    dropout_keep=dropout_keep, return_weights=return_weights)
+
+    def extra_repr(self) -> str:
+        return repr(self.spec)
+
+
