@@ -15,9 +15,24 @@ settings.register_profile(
 settings.load_profile("attnspec")
 
 
+KILLS_KEY = "attnspec/mutant-kills"
+
+
+def pytest_configure(config):
+    """The controller clears the kill table; test processes (xdist workers too) add to it."""
+    if not hasattr(config, "workerinput") and config.cache is not None:
+        config.cache.set(KILLS_KEY, {})
+
+
+def record_kill(config, name, rule, cases):
+    kills = config.cache.get(KILLS_KEY, {}) or {}
+    kills[name] = [rule, cases]
+    config.cache.set(KILLS_KEY, kills)
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """Print the mutant kill table when the mutant tests ran."""
-    kills = config.stash.get("attnspec_kills", None) if hasattr(config, "stash") else None
+    kills = config.cache.get(KILLS_KEY, {}) if config.cache is not None else {}
     if not kills:
         return
     terminalreporter.section("conformance mutants: every one must be killed")

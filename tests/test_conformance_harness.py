@@ -104,14 +104,13 @@ def test_reference_adapter_passes_with_zero_margin():
     assert max(r.margin or 0.0 for r in results) == 0.0
 
 
-KILLS: dict = {}
-
-
 @pytest.mark.parametrize("name", list(MUTANTS))
 def test_mutant_is_caught(name, request):
     results = runner.run(runner.Plan([MUTANTS[name]()]), deviations=[])
     killing = sorted({r.case for r in results if r.status == "fail"})
-    request.config.stash.setdefault("attnspec_kills", {})[name] = (MUTANTS[name].rule, killing)
+    from conftest import record_kill
+
+    record_kill(request.config, name, MUTANTS[name].rule, killing)
     assert killing, f"mutant {name} ({MUTANTS[name].description}) passed every case: the harness is broken"
 
 

@@ -16,6 +16,7 @@ ENTRY_POINT_GROUP = "attnspec.adapters"
 BUILTIN = {
     "numpy": "conformance.adapters.numpy_ref_adapter:NumpyRefAdapter",
     "torch": "conformance.adapters.torch_impl_adapter:TorchImplAdapter",
+    "jax": "conformance.adapters.jax_impl_adapter:JaxImplAdapter",
     "torch-sdpa": "conformance.adapters.torch_sdpa:TorchSDPAAdapter",
     "torch-mha": "conformance.adapters.torch_mha:TorchMHAAdapter",
     "jax-nn": "conformance.adapters.jax_nn:JaxNNAdapter",

@@ -1,0 +1,64 @@
+"""Relative-position terms in JAX: table matmuls, gathers, bucket sums, the skew.
+
+Rules SHAW-2..SHAW-4, HUANG-2..HUANG-4, written with ``jnp`` so that XLA
+fuses them. Nothing of shape (Lq, Lk, d); no Python loop over positions.
+Shapes (AXES-1): q (B, H, Lq, d); a table (R, d) or (H, R, d); an index (1|B, Lq, Lk).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+
+def rows_logits(q, table):
+    """q @ table.T per head: (B, H, Lq, d) x (R, d) | (H, R, d) -> (B, H, Lq, R)."""
+    if table.ndim == 2:
+        return jnp.einsum("bhid,rd->bhir", q, table)
+    return jnp.einsum("bhid,hrd->bhir", q, table)
+
+
+def gather_rows(r, index):
+    """out[b, h, i, j] = r[b, h, i, index[b, i, j]]."""
+    B, H, Lq, _ = r.shape
+    return jnp.take_along_axis(r, jnp.broadcast_to(index[:, None], (B, H, Lq, index.shape[-1])), axis=-1)
+
+
+def bucket_sums(w, index, num_rows: int):
+    """SHAW-4: S[b, h, i, r] = sum over j with index[b, i, j] == r of w[b, h, i, j] (one scatter-add)."""
+    B, H, Lq, Lk = w.shape
+    rows = jnp.arange(B * H * Lq).reshape(B, H, Lq, 1) * num_rows
+    flat = (rows + jnp.broadcast_to(index[:, None], (B, H, Lq, Lk))).reshape(-1)
+    out = jnp.zeros(B * H * Lq * num_rows, w.dtype).at[flat].add(w.reshape(-1))
+    return out.reshape(B, H, Lq, num_rows)
+
+
+def shaw_index(delta, max_distance: int):
+    """SHAW-2: clip(delta, -k, k) + k."""
+    return jnp.clip(delta, -max_distance, max_distance) + max_distance
+
+
+def huang_index(delta, max_len: int):
+    """HUANG-2/3: (row, valid) with row = delta + M - 1 where |delta| <= M - 1."""
+    valid = jnp.abs(delta) <= max_len - 1
+    return jnp.where(valid, delta + max_len - 1, 0), valid
+
+
+def reachable_rows(table, Lq: int, Lk: int, max_len: int):
+    """HUANG-4 with default positions: table rows for distances -(Lq-1) .. Lk-1, zero beyond.
+
+    Static slicing and zero padding: (R, d) -> (W, d), (H, R, d) -> (H, W, d), W = Lq + Lk - 1.
+    """
+    lo, hi = max_len - Lq, max_len + Lk - 2  # wanted table rows, may overhang [0, 2M - 2]
+    R = 2 * max_len - 1
+    rows = table[..., max(lo, 0): min(hi, R - 1) + 1, :]
+    pad = [(0, 0)] * (table.ndim - 2) + [(max(0, -lo), max(0, hi - (R - 1))), (0, 0)]
+    return jnp.pad(rows, pad)
+
+
+def skew(r, Lk: int):
+    """HUANG-4: out[..., i, j] = r[..., i, j - i + Lq - 1] by reshape and slice (see torch_impl)."""
+    B, H, Lq, W = r.shape
+    if Lq == 1:
+        return r[..., :Lk]
+    flat = r.reshape(B, H, Lq * W)[..., Lq - 1: Lq - 1 + Lq * (W - 1)]
+    return flat.reshape(B, H, Lq, W - 1)[..., :Lk]
