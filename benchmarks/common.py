@@ -1,0 +1,64 @@
+"""Shared pieces of the benchmarks: configurations, timing, flop counts, records."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+B, H, D_HEAD = 2, 8, 64  # batch, heads, head dim (AXES-1: B, H, d)
+SHAW_K = 16
+CPU_LENGTHS = (256, 512, 1024, 2048)
+GPU_LENGTHS = (256, 512, 1024, 2048, 4096)
+
+#: (name, what it is) of every measured implementation; "anchor" rows are the
+#: framework's own fused vanilla attention, the denominators of the ratios.
+SCHEMES = ("vanilla", "shaw", "huang", "huang-causal")
+
+
+@dataclass
+class Record:
+    framework: str
+    impl: str  # e.g. "torch_impl", "sdpa (anchor)", "shaw seed (naive)"
+    scheme: str  # vanilla | vanilla-causal | shaw | huang | huang-causal
+    L: int
+    dtype: str
+    device: str
+    mode: str  # forward | forward+backward | core
+    seconds: float
+    repeats: int
+    gflops: float = 0.0
+    peak_mb: float | None = None
+    notes: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def vanilla_flops(L: int, b: int = B, h: int = H, d: int = D_HEAD) -> float:
+    """4 B H L^2 d: QK^T and WV, the count every scheme is reported against."""
+    return 4.0 * b * h * L * L * d
+
+
+def median_time(fn, sync=lambda: None, repeats: int = 5, warmup: int = 1, budget_s: float = 20.0) -> tuple[float, int]:
+    """Median wall time of ``fn`` over ``repeats`` runs after ``warmup`` runs (fewer if it is slow)."""
+    for _ in range(warmup):
+        fn()
+        sync()
+    times = []
+    start = time.perf_counter()
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+        if time.perf_counter() - start > budget_s and len(times) >= 1:
+            break
+    return statistics.median(times), len(times)
+
+
+def write_json(records: list, path) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump([r.to_json() for r in records], f, indent=1)

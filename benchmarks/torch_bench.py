@@ -1,0 +1,164 @@
+"""PyTorch benchmarks: torch_impl against fused SDPA and against the naive seed algorithms.
+
+Run by ``python -m benchmarks``; one process for all PyTorch timings so that
+ratios are taken under the same conditions. Every implementation gets the
+same projections (B, L, D) -> (B, L, D), D = H * d.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import numpy_ref
+import torch_impl
+from spec import AttentionSpec, Huang, Shaw
+
+from .common import B, D_HEAD, H, SHAW_K, Record, median_time, vanilla_flops, write_json
+
+
+def spec_for(scheme: str, L: int) -> AttentionSpec:
+    return {
+        "vanilla": AttentionSpec(H, D_HEAD),
+        "vanilla-causal": AttentionSpec(H, D_HEAD, causal=True),
+        "shaw": AttentionSpec(H, D_HEAD, relative=Shaw(SHAW_K)),
+        "huang": AttentionSpec(H, D_HEAD, relative=Huang(L)),
+        "huang-causal": AttentionSpec(H, D_HEAD, relative=Huang(L), causal=True),
+    }[scheme]
+
+
+def params_for(spec, device, dtype) -> dict:
+    p = numpy_ref.init_params(spec, seed=0)
+    return {n: torch.as_tensor(a, dtype=dtype, device=device).requires_grad_(True) for n, a in p.items()}
+
+
+def _heads(x, w, b):
+    y = x @ w + b
+    return y.view(B, -1, H, D_HEAD).transpose(1, 2)
+
+
+def sdpa_layer(spec, p):
+    """The anchor: the framework's fused vanilla attention with the same projections."""
+
+    def f(x):
+        q, k, v = _heads(x, p["wq"], p["bq"]), _heads(x, p["wk"], p["bk"]), _heads(x, p["wv"], p["bv"])
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=spec.causal)
+        return o.transpose(1, 2).reshape(x.shape) @ p["wo"] + p["bo"]
+
+    return f
+
+
+def torch_impl_layer(spec, p):
+    return lambda x: torch_impl.attention(spec, p, x)
+
+
+def shaw_seed_layer(spec, p):
+    """What the Shaw seed program does, in this project's own code: it gathers the
+    tables into (Lq, Lk, d) arrays and multiplies against them (O(L^2 d) memory)."""
+    k_max = spec.relative.max_distance
+
+    def f(x):
+        L = x.shape[1]
+        q, k, v = _heads(x, p["wq"], p["bq"]), _heads(x, p["wk"], p["bk"]), _heads(x, p["wv"], p["bv"])
+        pos = torch.arange(L, device=x.device)
+        idx = (pos[None, :] - pos[:, None]).clamp(-k_max, k_max) + k_max  # (L, L)
+        table_k, table_v = p["rel_k"][idx], p["rel_v"][idx]  # (L, L, d) each
+        content = q @ k.transpose(-1, -2)
+        rel = (q.permute(2, 0, 1, 3).reshape(L, B * H, D_HEAD) @ table_k.transpose(1, 2))  # (L, B*H, L)
+        logits = (content + rel.reshape(L, B, H, L).permute(1, 2, 0, 3)) / D_HEAD ** 0.5
+        w = torch.softmax(logits, dim=-1)
+        o = w @ v + (w.permute(2, 0, 1, 3).reshape(L, B * H, L) @ table_v).reshape(L, B, H, D_HEAD).permute(1, 2, 0, 3)
+        return o.transpose(1, 2).reshape(x.shape) @ p["wo"] + p["bo"]
+
+    return f
+
+
+def music_seed_layer(spec, p):
+    """What the Music Transformer seed program does, in this project's own code: the
+    shifted relative logits filled one (i, j) at a time by a Python double loop."""
+
+    def f(x):
+        L = x.shape[1]
+        q, k, v = _heads(x, p["wq"], p["bq"]), _heads(x, p["wk"], p["bk"]), _heads(x, p["wv"], p["bv"])
+        rows = p["rel_k"][spec.relative.max_len - L: spec.relative.max_len + L - 1]  # distances -(L-1)..L-1
+        s_rel = q @ rows.T  # (B, H, L, 2L - 1)
+        shifted = torch.zeros(B, H, L, L, dtype=x.dtype, device=x.device)
+        for i in range(L):
+            for j in range(L):
+                shifted[..., i, j] = s_rel[..., i, j - i + L - 1]
+        w = torch.softmax((q @ k.transpose(-1, -2)) / D_HEAD ** 0.5 + shifted, dim=-1)
+        return (w @ v).transpose(1, 2).reshape(x.shape) @ p["wo"] + p["bo"]
+
+    return f
+
+
+IMPLS = {
+    # impl name: (layer factory, schemes it runs, longest L it is run at)
+    "sdpa (anchor)": (sdpa_layer, ("vanilla", "vanilla-causal"), None),
+    "torch_impl": (torch_impl_layer, ("vanilla", "vanilla-causal", "shaw", "huang", "huang-causal"), None),
+    "shaw seed (naive)": (shaw_seed_layer, ("shaw",), 2048),
+    "music seed (naive)": (music_seed_layer, ("huang",), 1024),
+}
+
+
+def build(impl: str, scheme: str, L: int, device: str, dtype):
+    spec = spec_for(scheme, L)
+    factory = IMPLS[impl][0]
+    if impl == "music seed (naive)":  # the seed's table is unscaled and shared by heads
+        spec = AttentionSpec(H, D_HEAD, relative=Huang(L, per_head=False), scale_relative=False)
+    p = params_for(spec, device, dtype)
+    x = torch.randn(B, L, H * D_HEAD, device=device, dtype=dtype)
+    return factory(spec, p), x, p
+
+
+def run(lengths, device: str, dtype_name: str, modes, quick: bool) -> list:
+    dtype = getattr(torch, dtype_name)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    records = []
+    for L in lengths:
+        for impl, (_, schemes, max_L) in IMPLS.items():
+            if max_L is not None and L > max_L:
+                continue
+            for scheme in schemes:
+                layer, x, p = build(impl, scheme, L, device, dtype)
+                slow = impl.endswith("(naive)")
+                for mode in modes:
+                    if slow and mode != "forward":
+                        continue
+                    if mode == "forward":
+                        def fn():
+                            with torch.no_grad():
+                                layer(x)
+                    else:
+                        def fn():
+                            layer(x).sum().backward()
+                    repeats = 1 if (slow and "music" in impl) else (2 if quick else 5)
+                    seconds, n = median_time(fn, sync, repeats=repeats, warmup=0 if "music" in impl else 1)
+                    flops = vanilla_flops(L) * (3 if mode != "forward" else 1)
+                    records.append(Record("torch", impl, scheme, L, dtype_name, device, mode, seconds, n,
+                                          gflops=flops / seconds / 1e9))
+                    print(f"torch {impl:20s} {scheme:14s} L={L:5d} {mode:16s} {seconds * 1e3:10.2f} ms",
+                          file=sys.stderr, flush=True)
+    return records
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lengths", type=int, nargs="+", required=True)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--modes", nargs="+", default=["forward", "forward+backward"])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json", required=True)
+    args = ap.parse_args(argv)
+    torch.manual_seed(0)
+    np.random.seed(0)
+    write_json(run(args.lengths, args.device, args.dtype, args.modes, args.quick), args.json)
+
+
+if __name__ == "__main__":
+    main()
