@@ -81,12 +81,15 @@ def _dead_keys(allowed: torch.Tensor, B: int, Lk: int) -> torch.Tensor:
 
 
 def _relative_key_term(spec, params, q, q_pos, k_pos, delta, Lk):
-    """REL-1: the relative key logits (B, H, Lq, Lk), before s_rel."""
+    """REL-1: the relative key logits (B, H, Lq, Lk) from a query already scaled by s_rel."""
     r = spec.relative
     table = params["rel_k"]
     if isinstance(r, Shaw):  # SHAW-3
         return rel.gather_rows(rel.rows_logits(q, table), rel.shaw_index(delta, r.max_distance))
     if _is_consecutive(q_pos, k_pos):  # HUANG-4: skew over the reachable rows
+        if spec.causal:  # only distances <= 0 survive the mask: half the matmul
+            rows = rel.reachable_rows_causal(table, q.shape[2], r.max_len)
+            return rel.skew_causal(rel.rows_logits(q, rows), Lk)
         rows = rel.reachable_rows(table, q.shape[2], Lk, r.max_len)
         return rel.skew(rel.rows_logits(q, rows), Lk)
     index, valid = rel.huang_index(delta, r.max_len)  # HUANG-4: gather
@@ -94,10 +97,34 @@ def _relative_key_term(spec, params, q, q_pos, k_pos, delta, Lk):
     return term.masked_fill(~valid.unsqueeze(1), 0.0)
 
 
-def _masked_softmax(logits: torch.Tensor, allowed: Optional[torch.Tensor], mask_fill) -> torch.Tensor:
-    """SOFTMAX-1 with MASK-5 (exact zeros) or MASK-6 (replace by mask_fill)."""
+def _content_logits(q_s, k, term, stat):
+    """s * q @ k.T (+ the relative term), in the statistics dtype.
+
+    In the input dtype the relative term is the accumulator of one batched
+    matmul (baddbmm), which saves a pass over the (Lq, Lk) logits.
+    """
+    B, H, Lq, d = q_s.shape
+    Lk = k.shape[2]
+    if term is not None and term.dtype == stat:
+        out = torch.baddbmm(term.reshape(B * H, Lq, Lk), q_s.reshape(B * H, Lq, d),
+                            k.reshape(B * H, Lk, d).transpose(1, 2))
+        return out.view(B, H, Lq, Lk)
+    logits = (q_s @ k.transpose(-1, -2)).to(stat)
+    return logits if term is None else logits + term.to(stat)
+
+
+def _masked_softmax(logits: torch.Tensor, allowed: Optional[torch.Tensor], mask_fill,
+                    every_row_has_a_key: bool = False) -> torch.Tensor:
+    """SOFTMAX-1 with MASK-5 (exact zeros) or MASK-6 (replace by mask_fill).
+
+    ``every_row_has_a_key``: the caller knows no row is fully masked (only a
+    top-left causal rule with default positions: key 0 is always allowed), so
+    the plain softmax of -inf-filled logits is exact and NaN-free.
+    """
     if allowed is None:
         return torch.softmax(logits, dim=-1)
+    if every_row_has_a_key and mask_fill is None:
+        return torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
     if mask_fill is not None:
         return torch.softmax(logits.masked_fill(~allowed, mask_fill), dim=-1)
     z = logits.masked_fill(~allowed, float("-inf"))
@@ -154,25 +181,28 @@ def attention(spec: AttentionSpec, params: dict, query: torch.Tensor, key: Optio
 
     # explicit path; logits and softmax in float32 for the 16-bit dtypes (PREC-4)
     stat = torch.float32 if query.dtype in (torch.float16, torch.bfloat16) else query.dtype
-    logits = (q @ k.transpose(-1, -2)).to(stat) * spec.effective_scale  # SCALE-2
-    shaw_index = None
-    if isinstance(spec.relative, Shaw):
-        shaw_index = rel.shaw_index(delta, spec.relative.max_distance)
-    if "rel_k" in p:
-        term = _relative_key_term(spec, p, q, q_positions, k_positions, delta, Lk)
-        logits = logits + term.to(stat) * spec.relative_scale  # SCALE-3
+    q_s = q * spec.effective_scale  # SCALE-2 folded into the query: a (B, H, Lq, d) pass, not (Lq, Lk)
+    term = None
+    if "rel_k" in p:  # SCALE-3: the relative term sees the same scaled query, or the unscaled one
+        term = _relative_key_term(spec, p, q_s if spec.scale_relative else q, q_positions, k_positions, delta, Lk)
+    logits = _content_logits(q_s, k, term, stat)
     if bias is not None:
         logits = logits + bias.to(stat)  # BIAS-1, SCALE-4
-    weights = _masked_softmax(logits, allowed, spec.mask_fill)
+    every_row_has_a_key = mask is None and bias is None and q_positions is None and k_positions is None
+    weights = _masked_softmax(logits, allowed, spec.mask_fill, every_row_has_a_key)
     dropped = weights
     if dropout_keep is not None:  # DROP-1
         dropped = weights.masked_fill(~dropout_keep, 0.0) / (1.0 - spec.dropout)
     dropped_t = dropped.to(query.dtype)
     o = dropped_t @ v
     if isinstance(spec.relative, Shaw) and spec.relative.values:  # SHAW-4, DROP-4
-        buckets = rel.bucket_sums(dropped, shaw_index, spec.relative.num_rows).to(query.dtype)
+        if q_positions is None and k_positions is None:
+            buckets = rel.bucket_sums_banded(dropped, spec.relative.max_distance)
+        else:
+            buckets = rel.bucket_sums(dropped, rel.shaw_index(delta, spec.relative.max_distance),
+                                      spec.relative.num_rows)
         table = p["rel_v"]
-        o = o + buckets @ (table if table.dim() == 2 else table.unsqueeze(0))
+        o = o + buckets.to(query.dtype) @ (table if table.dim() == 2 else table.unsqueeze(0))
     out = _project(_merge(o), p["wo"], p.get("bo"))
     return (out, weights.to(query.dtype)) if return_weights else out
 
