@@ -106,9 +106,11 @@ def _content_logits(q_s, k, term, stat):
     B, H, Lq, d = q_s.shape
     Lk = k.shape[2]
     if term is not None and term.dtype == stat:
-        out = torch.baddbmm(term.reshape(B * H, Lq, Lk), q_s.reshape(B * H, Lq, d),
-                            k.reshape(B * H, Lk, d).transpose(1, 2))
-        return out.view(B, H, Lq, Lk)
+        q3, k3 = q_s.reshape(B * H, Lq, d), k.reshape(B * H, Lk, d).transpose(1, 2)
+        if not torch.is_grad_enabled() and term.is_contiguous():
+            # inference: accumulate into the term itself, one (Lq, Lk) buffer fewer
+            return term.view(B * H, Lq, Lk).baddbmm_(q3, k3).view(B, H, Lq, Lk)
+        return torch.baddbmm(term.reshape(B * H, Lq, Lk), q3, k3).view(B, H, Lq, Lk)
     logits = (q_s @ k.transpose(-1, -2)).to(stat)
     return logits if term is None else logits + term.to(stat)
 
@@ -190,6 +192,7 @@ def attention(spec: AttentionSpec, params: dict, query: torch.Tensor, key: Optio
         logits = logits + bias.to(stat)  # BIAS-1, SCALE-4
     every_row_has_a_key = mask is None and bias is None and q_positions is None and k_positions is None
     weights = _masked_softmax(logits, allowed, spec.mask_fill, every_row_has_a_key)
+    del logits, term  # free the (Lq, Lk) buffers before the value side (autograd keeps what it needs)
     dropped = weights
     if dropout_keep is not None:  # DROP-1
         dropped = weights.masked_fill(~dropout_keep, 0.0) / (1.0 - spec.dropout)
