@@ -154,7 +154,10 @@ def plot(result: dict, path: pathlib.Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=False)
+    labels = sorted({f"{r['framework']}: {r['impl']} / {r['scheme']}" for r in result["records"]
+                     if r["device"] == "cpu"})
+    colors = {label: plt.get_cmap("tab20")(i % 20) for i, label in enumerate(labels)}
+    fig, axes = plt.subplots(1, 2, figsize=(15, 5))
     for ax, mode in zip(axes, ("forward", "forward+backward")):
         series: dict = {}
         for r in result["records"]:
@@ -163,15 +166,18 @@ def plot(result: dict, path: pathlib.Path) -> None:
         for label, pts in sorted(series.items()):
             pts.sort()
             style = "--" if "anchor" in label else (":" if "naive" in label else "-")
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", markersize=3, label=label)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", markersize=3, label=label,
+                    color=colors[label])
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("sequence length L")
         ax.set_ylabel("seconds (median)")
         ax.set_title(f"{mode}, CPU float32, B={B} H={H} d={D_HEAD}")
         ax.grid(True, which="both", alpha=0.3)
-    axes[1].legend(fontsize=6, loc="upper left")
-    fig.tight_layout()
+    handles = {h.get_label(): h for ax in axes for h in ax.get_lines()}
+    fig.legend([handles[k] for k in sorted(handles)], sorted(handles), loc="center right", fontsize=7,
+               title="dashed: fused anchor; dotted: seed algorithm")
+    fig.tight_layout(rect=(0, 0, 0.74, 1))
     fig.savefig(path, dpi=110)
 
 
@@ -183,9 +189,15 @@ def main(argv=None) -> int:
     ap.add_argument("--frameworks", nargs="+", default=["torch", "jax"], choices=["torch", "jax"])
     ap.add_argument("--quick", action="store_true", help="fewer repeats")
     ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--replot", action="store_true", help="only redraw table and plot from --out/results.json")
     args = ap.parse_args(argv)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.replot:
+        result = json.loads((out / "results.json").read_text(encoding="utf-8"))
+        (out / "results.md").write_text(markdown(result), encoding="utf-8")
+        plot(result, out / "time_vs_length.png")
+        return 0
     records, memory, gpu_note = [], [], "not measured: no GPU on the machine that produced these results"
     versions = {}
     for fw in args.frameworks:
