@@ -102,7 +102,7 @@ def seed_speedups(records: list) -> list:
 
 def markdown(result: dict) -> str:
     env = result["environment"]
-    lines = [f"# attnspec benchmarks", "",
+    lines = ["# attnspec benchmarks", "",
              f"Machine: {env['machine']}; {env['cpus']} CPUs; Python {env['python']}; "
              f"torch {env.get('torch', '-')}; jax {env.get('jax', '-')}. "
              f"B = {B}, H = {H}, d = {D_HEAD}, Shaw k = {SHAW_K}, Huang max_len = L. "

@@ -62,3 +62,18 @@ def median_time(fn, sync=lambda: None, repeats: int = 5, warmup: int = 1, budget
 def write_json(records: list, path) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump([r.to_json() for r in records], f, indent=1)
+
+
+def bench_main(run, argv=None) -> None:
+    """The command line of one framework's timing process (spawned by ``python -m benchmarks``)."""
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lengths", type=int, nargs="+", required=True)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--modes", nargs="+", default=["forward", "forward+backward"])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json", required=True)
+    args = ap.parse_args(argv)
+    write_json(run(args.lengths, args.device, args.dtype, args.modes, args.quick), args.json)

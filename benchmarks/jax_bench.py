@@ -6,7 +6,6 @@ happens in the warm-up call and is not timed.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import jax
@@ -17,7 +16,7 @@ import jax_impl
 import numpy_ref
 from spec import AttentionSpec, Huang, Shaw
 
-from .common import B, D_HEAD, H, SHAW_K, Record, median_time, vanilla_flops, write_json
+from .common import B, D_HEAD, H, SHAW_K, Record, bench_main, median_time, vanilla_flops
 
 
 def spec_for(scheme: str, L: int) -> AttentionSpec:
@@ -80,15 +79,7 @@ def run(lengths, device: str, dtype_name: str, modes, quick: bool) -> list:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--lengths", type=int, nargs="+", required=True)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--modes", nargs="+", default=["forward", "forward+backward"])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", required=True)
-    args = ap.parse_args(argv)
-    write_json(run(args.lengths, args.device, args.dtype, args.modes, args.quick), args.json)
+    bench_main(run, argv)
 
 
 if __name__ == "__main__":

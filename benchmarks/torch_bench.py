@@ -7,10 +7,8 @@ same projections (B, L, D) -> (B, L, D), D = H * d.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -18,7 +16,7 @@ import numpy_ref
 import torch_impl
 from spec import AttentionSpec, Huang, Shaw
 
-from .common import B, D_HEAD, H, SHAW_K, Record, median_time, vanilla_flops, write_json
+from .common import B, D_HEAD, H, SHAW_K, Record, bench_main, median_time, vanilla_flops
 
 
 def spec_for(scheme: str, L: int) -> AttentionSpec:
@@ -147,17 +145,8 @@ def run(lengths, device: str, dtype_name: str, modes, quick: bool) -> list:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--lengths", type=int, nargs="+", required=True)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--modes", nargs="+", default=["forward", "forward+backward"])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", required=True)
-    args = ap.parse_args(argv)
     torch.manual_seed(0)
-    np.random.seed(0)
-    write_json(run(args.lengths, args.device, args.dtype, args.modes, args.quick), args.json)
+    bench_main(run, argv)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import numpy as np
 import numpy_ref
 from spec import Huang, Shaw
 
-from .adapters.base import Adapter, Capabilities
+from .adapters.base import Capabilities
 from .adapters.numpy_ref_adapter import KWARGS, NumpyRefAdapter
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from numpy_ref.masking import allowed_keys, dead_keys, relative_distance
 from numpy_ref.relative import gather_buckets, huang_index, scatter_buckets, shaw_index, sum_to
-from spec import AttentionSpec, Huang, Shaw
+from spec import AttentionSpec, Shaw
 
 ORDERS = (0, 1)
 

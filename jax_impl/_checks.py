@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from spec import AttentionSpec
-from spec.validation import ArrayInfo, Dims, check_call, check_params, fail_type
+from spec.validation import ArrayInfo, Dims, check_arguments, fail_type
 
 
 def kind(dtype) -> str:
@@ -34,21 +34,8 @@ def describe(name: str, x) -> Optional[ArrayInfo]:
 def check(spec: AttentionSpec, params, query, key, value, mask, bias, q_positions, k_positions,
           dropout_keep) -> Dims:
     """INPUT-1 at ``jax_impl.attention``; raised while tracing, so jit reports it at once."""
-    dims = check_call(
-        spec, describe("query", query), describe("key", key), describe("value", value),
-        mask=describe("mask", mask), bias=describe("bias", bias),
-        q_positions=describe("q_positions", q_positions), k_positions=describe("k_positions", k_positions),
-        dropout_keep=describe("dropout_keep", dropout_keep), same_float_dtype=True,
-    )
-    if not isinstance(params, dict):
-        raise TypeError(f"params: expected a dict of arrays, got {type(params).__name__}")
-    infos = {n: describe(f"params[{n!r}]", a) for n, a in params.items()}
-    check_params(spec, infos)
-    qdtype = np.dtype(query.dtype).name
-    if qdtype == "float64" and not jax.config.jax_enable_x64:
+    if np.dtype(query.dtype).name == "float64" and not jax.config.jax_enable_x64:
         raise fail_type("query", "float64 only with jax_enable_x64 (jax.config.update('jax_enable_x64', True)); "
                         "otherwise JAX would compute in float32", "dtype float64")
-    for n, info in infos.items():
-        if info.dtype != qdtype:
-            raise fail_type(f"params[{n!r}]", f"the query's dtype {qdtype} (no implicit casting)", f"dtype {info.dtype}")
-    return dims
+    return check_arguments(spec, describe, params, query, key, value, mask, bias, q_positions, k_positions,
+                           dropout_keep)

@@ -15,7 +15,7 @@ import numpy as np
 from flax import nnx
 
 from spec import AttentionSpec
-from spec.validation import fail_value
+from spec.validation import fail_value, require_plain_attention
 
 ATTRS = {"q": "query", "k": "key", "v": "value", "o": "out"}
 
@@ -42,13 +42,7 @@ def from_flax_mha(module: nnx.MultiHeadAttention):
 
 def to_flax_mha(spec: AttentionSpec, params: dict, *, rngs: nnx.Rngs = None) -> nnx.MultiHeadAttention:
     """An ``nnx.MultiHeadAttention`` (dtype of ``params``, full-precision matmuls) holding them exactly."""
-    if not isinstance(spec, AttentionSpec):
-        raise TypeError(f"spec: expected an AttentionSpec, got {type(spec).__name__}")
-    for field, value, ok in (("relative", spec.relative, spec.relative is None),
-                             ("scale", spec.scale, spec.scale is None),
-                             ("mask_fill", spec.mask_fill, spec.mask_fill is None)):
-        if not ok:
-            raise fail_value(f"spec.{field}", "None (nnx.MultiHeadAttention cannot express it)", repr(value))
+    require_plain_attention(spec, "nnx.MultiHeadAttention")
     D, H, d = spec.model_dim, spec.num_heads, spec.head_dim
     dtype = np.dtype(params["wq"].dtype)
     m = nnx.MultiHeadAttention(num_heads=H, in_features=D, qkv_features=D, out_features=D, use_bias=spec.bias,

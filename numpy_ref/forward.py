@@ -18,7 +18,7 @@ from typing import Optional
 
 import numpy as np
 
-from spec import AttentionSpec, Huang, Shaw
+from spec import AttentionSpec, Shaw
 
 from . import relative as rel
 from ._inputs import Call, prepare

@@ -16,7 +16,8 @@ from typing import NamedTuple, Optional
 
 from .core import AttentionSpec
 
-__all__ = ["ArrayInfo", "Dims", "check_call", "check_params", "fail_value", "fail_type"]
+__all__ = ["ArrayInfo", "Dims", "check_call", "check_params", "check_arguments", "require_plain_attention",
+           "fail_value", "fail_type"]
 
 #: dtype kinds an implementation reports: "float", "int", "bool", "complex" or "other".
 KINDS = ("float", "int", "bool", "complex", "other")
@@ -188,3 +189,39 @@ def check_params(spec: AttentionSpec, params: dict) -> None:
             raise fail_type(f"params[{name!r}]", "a floating-point array", f"dtype {info.dtype}")
         if tuple(info.shape) != shape:
             raise fail_value(f"params[{name!r}]", f"shape {_shape(shape)}", _shape(info.shape))
+
+
+def check_arguments(spec: AttentionSpec, describe, params, query, key, value, mask, bias, q_positions,
+                    k_positions, dropout_keep) -> Dims:
+    """Every check of a framework implementation's entry point (INPUT-1, PARAM-2).
+
+    ``describe(name, x)`` turns one framework array into an ``ArrayInfo`` (and
+    raises ``TypeError`` for something that is not an array). Beyond
+    ``check_call``: parameters must share the query's dtype and device.
+    """
+    dims = check_call(
+        spec, describe("query", query), describe("key", key), describe("value", value),
+        mask=describe("mask", mask), bias=describe("bias", bias),
+        q_positions=describe("q_positions", q_positions), k_positions=describe("k_positions", k_positions),
+        dropout_keep=describe("dropout_keep", dropout_keep), same_float_dtype=True,
+    )
+    if not isinstance(params, dict):
+        raise TypeError(f"params: expected a dict of arrays, got {type(params).__name__}")
+    infos = {n: describe(f"params[{n!r}]", a) for n, a in params.items()}
+    check_params(spec, infos)
+    q = describe("query", query)
+    for n, info in infos.items():
+        if info.dtype != q.dtype:
+            raise fail_type(f"params[{n!r}]", f"the query's dtype {q.dtype} (no implicit casting)", f"dtype {info.dtype}")
+        if q.device is not None and info.device is not None and info.device != q.device:
+            raise fail_value(f"params[{n!r}]", f"a tensor on the query's device {q.device}", f"device {info.device}")
+    return dims
+
+
+def require_plain_attention(spec: AttentionSpec, target: str) -> None:
+    """For conversions to a framework's own layer: no relative scheme, default scale, no mask_fill."""
+    if not isinstance(spec, AttentionSpec):
+        raise TypeError(f"spec: expected an AttentionSpec, got {type(spec).__name__}")
+    for field, value in (("relative", spec.relative), ("scale", spec.scale), ("mask_fill", spec.mask_fill)):
+        if value is not None:
+            raise fail_value(f"spec.{field}", f"None ({target} cannot express it)", repr(value))

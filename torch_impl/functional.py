@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from spec import AttentionSpec, Huang, Shaw
+from spec import AttentionSpec, Shaw
 
 from . import _checks
 from . import relative as rel

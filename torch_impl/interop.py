@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from spec import AttentionSpec
-from spec.validation import fail_value
+from spec.validation import fail_value, require_plain_attention
 
 from .module import from_numpy, to_numpy
 
@@ -44,13 +44,7 @@ def to_torch_mha(spec: AttentionSpec, params: dict, device=None) -> nn.Multihead
 
     Its dtype is that of ``params``. Remember its boolean masks are True = *ignore*.
     """
-    if not isinstance(spec, AttentionSpec):
-        raise TypeError(f"spec: expected an AttentionSpec, got {type(spec).__name__}")
-    for field, value, ok in (("relative", spec.relative, spec.relative is None),
-                             ("scale", spec.scale, spec.scale is None),
-                             ("mask_fill", spec.mask_fill, spec.mask_fill is None)):
-        if not ok:
-            raise fail_value(f"spec.{field}", "None (nn.MultiheadAttention cannot express it)", repr(value))
+    require_plain_attention(spec, "nn.MultiheadAttention")
     wq = params["wq"]
     dtype = wq.dtype if isinstance(wq, torch.Tensor) else {"float64": torch.float64, "float32": torch.float32,
                                                            "float16": torch.float16,

@@ -27,7 +27,6 @@ class TorchSDPAAdapter(_torch.TorchAdapter):
         )
 
     def _run(self, spec, params, inputs, device, leaves=None):
-        import torch
         import torch.nn.functional as F
 
         t = leaves or {n: _torch.to_torch(a, device) for n, a in {**params, **inputs}.items()
