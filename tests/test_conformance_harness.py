@@ -197,3 +197,13 @@ def test_porting_guide_example_passes_the_harness():
     ran = [r for r in results if r.status != "skip"]
     assert len({r.case for r in ran}) >= 15, "the example must exercise a good part of the catalog"
     assert not [f"{r.case} [{r.check}] {r.message}" for r in results if r.failed]
+
+
+def test_outside_adapter_by_entry_point(monkeypatch):
+    """An adapter registered in the attnspec.adapters entry-point group is found by name."""
+    import conformance.adapters as registry
+
+    monkeypatch.setattr(registry, "entry_points",
+                        lambda: {"my-port": "conformance.adapters.numpy_ref_adapter:NumpyRefAdapter"})
+    assert registry.load_adapter("my-port").name == "numpy"
+    assert "my-port" in registry.available_names()
