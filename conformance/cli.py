@@ -183,3 +183,7 @@ def main(argv=None) -> int:
     except GoldenError as e:
         print(f"conformance: {e}", file=sys.stderr)
         return 2
+    except ImportError as e:  # the stored goldens need safetensors and ml_dtypes
+        print(f"conformance: a package is missing ({e}); install it with pip install -e \".[conformance]\" "
+              "(or .[all])", file=sys.stderr)
+        return 2

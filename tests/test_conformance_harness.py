@@ -207,3 +207,13 @@ def test_outside_adapter_by_entry_point(monkeypatch):
                         lambda: {"my-port": "conformance.adapters.numpy_ref_adapter:NumpyRefAdapter"})
     assert registry.load_adapter("my-port").name == "numpy"
     assert "my-port" in registry.available_names()
+
+
+def test_cli_names_a_missing_package_in_one_line(monkeypatch, capsys):
+    from conformance import cli
+
+    monkeypatch.setitem(sys.modules, "safetensors.numpy", None)  # import now fails
+    code = cli.main(["run", "--adapter", "numpy", "--case", "vanilla/self/L1", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("conformance: a package is missing") and "[conformance]" in err
+    assert len(err.strip().splitlines()) == 1
