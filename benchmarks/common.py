@@ -17,6 +17,19 @@ GPU_LENGTHS = (256, 512, 1024, 2048, 4096)
 SCHEMES = ("vanilla", "shaw", "huang", "huang-causal")
 
 
+def spec_for(scheme: str, L: int):
+    """The measured layer of each scheme (the causal anchors use vanilla-causal)."""
+    from spec import AttentionSpec, Huang, Shaw
+
+    return {
+        "vanilla": AttentionSpec(H, D_HEAD),
+        "vanilla-causal": AttentionSpec(H, D_HEAD, causal=True),
+        "shaw": AttentionSpec(H, D_HEAD, relative=Shaw(SHAW_K)),
+        "huang": AttentionSpec(H, D_HEAD, relative=Huang(L)),
+        "huang-causal": AttentionSpec(H, D_HEAD, relative=Huang(L), causal=True),
+    }[scheme]
+
+
 @dataclass
 class Record:
     framework: str
@@ -57,6 +70,18 @@ def median_time(fn, sync=lambda: None, repeats: int = 5, warmup: int = 1, budget
         if time.perf_counter() - start > budget_s and len(times) >= 1:
             break
     return statistics.median(times), len(times)
+
+
+def timed_record(framework: str, impl: str, scheme: str, L: int, dtype: str, device: str, mode: str, fn,
+                 sync=lambda: None, repeats: int = 5, warmup: int = 1) -> Record:
+    """Time ``fn`` (median), count vanilla GFLOP/s (x3 with the backward pass), log one line."""
+    import sys
+
+    seconds, n = median_time(fn, sync, repeats=repeats, warmup=warmup)
+    flops = vanilla_flops(L) * (3 if mode != "forward" else 1)
+    print(f"{framework:5s} {impl:30s} {scheme:14s} L={L:5d} {mode:16s} {seconds * 1e3:10.2f} ms",
+          file=sys.stderr, flush=True)
+    return Record(framework, impl, scheme, L, dtype, device, mode, seconds, n, gflops=flops / seconds / 1e9)
 
 
 def write_json(records: list, path) -> None:

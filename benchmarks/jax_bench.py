@@ -6,27 +6,14 @@ happens in the warm-up call and is not timed.
 
 from __future__ import annotations
 
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import jax_impl
 import numpy_ref
-from spec import AttentionSpec, Huang, Shaw
 
-from .common import B, D_HEAD, H, SHAW_K, Record, bench_main, median_time, vanilla_flops
-
-
-def spec_for(scheme: str, L: int) -> AttentionSpec:
-    return {
-        "vanilla": AttentionSpec(H, D_HEAD),
-        "vanilla-causal": AttentionSpec(H, D_HEAD, causal=True),
-        "shaw": AttentionSpec(H, D_HEAD, relative=Shaw(SHAW_K)),
-        "huang": AttentionSpec(H, D_HEAD, relative=Huang(L)),
-        "huang-causal": AttentionSpec(H, D_HEAD, relative=Huang(L), causal=True),
-    }[scheme]
+from .common import B, D_HEAD, H, bench_main, spec_for, timed_record
 
 
 def dpa_layer(spec):
@@ -69,12 +56,8 @@ def run(lengths, device: str, dtype_name: str, modes, quick: bool) -> list:
                 for mode in modes:
                     fn = (lambda: fwd(p, x).block_until_ready()) if mode == "forward" else \
                         (lambda: jax.block_until_ready(grad(p, x)))
-                    seconds, n = median_time(fn, repeats=2 if quick else 5, warmup=1)
-                    flops = vanilla_flops(L) * (3 if mode != "forward" else 1)
-                    records.append(Record("jax", impl, scheme, L, dtype_name, device, mode, seconds, n,
-                                          gflops=flops / seconds / 1e9))
-                    print(f"jax   {impl:30s} {scheme:14s} L={L:5d} {mode:16s} {seconds * 1e3:10.2f} ms",
-                          file=sys.stderr, flush=True)
+                    records.append(timed_record("jax", impl, scheme, L, dtype_name, device, mode, fn,
+                                                repeats=2 if quick else 5))
     return records
 
 

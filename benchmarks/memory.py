@@ -46,7 +46,8 @@ def jax_peak(impl: str, scheme: str, L: int, device: str) -> float:
     import numpy_ref
 
     from .common import B, D_HEAD, H
-    from .jax_bench import IMPLS, spec_for
+    from .common import spec_for
+    from .jax_bench import IMPLS
 
     def make(L):
         spec = spec_for(scheme, L)

@@ -7,26 +7,14 @@ same projections (B, L, D) -> (B, L, D), D = H * d.
 
 from __future__ import annotations
 
-import sys
-
 import torch
 import torch.nn.functional as F
 
 import numpy_ref
 import torch_impl
-from spec import AttentionSpec, Huang, Shaw
+from spec import AttentionSpec, Huang
 
-from .common import B, D_HEAD, H, SHAW_K, Record, bench_main, median_time, vanilla_flops
-
-
-def spec_for(scheme: str, L: int) -> AttentionSpec:
-    return {
-        "vanilla": AttentionSpec(H, D_HEAD),
-        "vanilla-causal": AttentionSpec(H, D_HEAD, causal=True),
-        "shaw": AttentionSpec(H, D_HEAD, relative=Shaw(SHAW_K)),
-        "huang": AttentionSpec(H, D_HEAD, relative=Huang(L)),
-        "huang-causal": AttentionSpec(H, D_HEAD, relative=Huang(L), causal=True),
-    }[scheme]
+from .common import B, D_HEAD, H, bench_main, spec_for, timed_record
 
 
 def params_for(spec, device, dtype) -> dict:
@@ -135,12 +123,8 @@ def run(lengths, device: str, dtype_name: str, modes, quick: bool) -> list:
                         def fn():
                             layer(x).sum().backward()
                     repeats = 1 if (slow and "music" in impl) else (2 if quick else 5)
-                    seconds, n = median_time(fn, sync, repeats=repeats, warmup=0 if "music" in impl else 1)
-                    flops = vanilla_flops(L) * (3 if mode != "forward" else 1)
-                    records.append(Record("torch", impl, scheme, L, dtype_name, device, mode, seconds, n,
-                                          gflops=flops / seconds / 1e9))
-                    print(f"torch {impl:20s} {scheme:14s} L={L:5d} {mode:16s} {seconds * 1e3:10.2f} ms",
-                          file=sys.stderr, flush=True)
+                    records.append(timed_record("torch", impl, scheme, L, dtype_name, device, mode, fn, sync,
+                                                repeats=repeats, warmup=0 if "music" in impl else 1))
     return records
 
 
