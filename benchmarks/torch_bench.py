@@ -22,9 +22,13 @@ def params_for(spec, device, dtype) -> dict:
     return {n: torch.as_tensor(a, dtype=dtype, device=device).requires_grad_(True) for n, a in p.items()}
 
 
+def _linear(x, w, b):
+    """x @ w + b as one addmm, as torch_impl projects (PROJ-1)."""
+    return F.linear(x, w.t(), b)
+
+
 def _heads(x, w, b):
-    y = x @ w + b
-    return y.view(B, -1, H, D_HEAD).transpose(1, 2)
+    return _linear(x, w, b).view(B, -1, H, D_HEAD).transpose(1, 2)
 
 
 def sdpa_layer(spec, p):
@@ -33,7 +37,7 @@ def sdpa_layer(spec, p):
     def f(x):
         q, k, v = _heads(x, p["wq"], p["bq"]), _heads(x, p["wk"], p["bk"]), _heads(x, p["wv"], p["bv"])
         o = F.scaled_dot_product_attention(q, k, v, is_causal=spec.causal)
-        return o.transpose(1, 2).reshape(x.shape) @ p["wo"] + p["bo"]
+        return _linear(o.transpose(1, 2).reshape(x.shape), p["wo"], p["bo"])
 
     return f
 

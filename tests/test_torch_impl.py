@@ -4,10 +4,12 @@
 test_conformance_matrix.py.)
 """
 
+import contextlib
 import re
 import subprocess
 import sys
 import textwrap
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -36,9 +38,22 @@ def tensors(call, device="cpu", requires_grad=False):
     return params, q, k, v, kw
 
 
+def tiny_tiles():
+    """The explicit path cut into tiles of 2 or 3 queries of one (batch, head) pair."""
+    from torch_impl import functional
+
+    return mock.patch.multiple(functional, TILE_ELEMENTS=6, MIN_TILE_ROWS=2, QUERY_TILE_ROWS=3)
+
+
+@pytest.mark.parametrize("tiles", ["default", "tiny"])
 @pytest.mark.parametrize("device", DEVICES)
 @given(seed=st.integers(0, 2**32 - 1))
-def test_forward_and_gradients_match_the_reference_in_float64(device, seed):
+def test_forward_and_gradients_match_the_reference_in_float64(device, tiles, seed):
+    with tiny_tiles() if tiles == "tiny" else contextlib.nullcontext():
+        check_against_reference(device, seed)
+
+
+def check_against_reference(device, seed):
     call = random_call(seed)
     call.key, call.value = call.key.copy(), call.value.copy()
     params, q, k, v, kw = tensors(call, device, requires_grad=True)

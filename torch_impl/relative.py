@@ -45,31 +45,51 @@ def huang_index(delta: torch.Tensor, max_len: int):
     return torch.where(valid, delta + max_len - 1, torch.zeros_like(delta)), valid
 
 
-def reachable_rows(table: torch.Tensor, Lq: int, Lk: int, max_len: int) -> torch.Tensor:
-    """HUANG-4 with default positions: table rows for distances -(Lq-1) .. Lk-1, zero beyond.
+def distance_rows(table: torch.Tensor, first: int, count: int, max_len: int) -> torch.Tensor:
+    """HUANG-2/3: the table rows of distances first .. first + count - 1, zero rows beyond the table.
 
-    (R, d) -> (W, d) or (H, R, d) -> (H, W, d), W = Lq + Lk - 1. Built by
-    slicing and zero padding: no index tensor, no loop.
+    (R, d) -> (count, d) or (H, R, d) -> (H, count, d). Built by slicing and
+    zero padding: no index tensor, no loop.
     """
-    lo, hi = -(Lq - 1) + max_len - 1, (Lk - 1) + max_len - 1  # table rows wanted, may overhang
     R = 2 * max_len - 1
-    pad_lo, pad_hi = max(0, -lo), max(0, hi - (R - 1))
-    rows = table[..., max(lo, 0): min(hi, R - 1) + 1, :]
-    # Extra zero rows at the end round W up to a multiple of 16: the skew only needs
-    # W >= Lq + Lk - 1, and an aligned width makes the matmul measurably faster.
-    pad_hi += -(Lq + Lk - 1) % 16
-    if pad_lo or pad_hi:
-        rows = torch.nn.functional.pad(rows, (0, 0, pad_lo, pad_hi))
-    return rows
+    lo, hi = first + max_len - 1, first + count - 1 + max_len - 1  # table rows wanted, may overhang
+    a, b = max(lo, 0), min(hi, R - 1)
+    if a > b:  # no distance of the range is in the table
+        return table.new_zeros(table.shape[:-2] + (count, table.shape[-1]))
+    rows = table[..., a: b + 1, :]
+    return torch.nn.functional.pad(rows, (0, 0, a - lo, hi - b)) if (a - lo or hi - b) else rows
+
+
+def huang_skew_term(q: torch.Tensor, table: torch.Tensor, q_start: int, Lk: int, max_len: int,
+                    causal: bool) -> torch.Tensor:
+    """HUANG-4 with default positions for queries q_start .. q_start + Lq - 1 and keys 0 .. Lk - 1.
+
+    One matmul of the queries with the table rows of every distance they can
+    meet, then the skew. Column m of that product holds distance
+    m - (q_start + Lq - 1). ``causal``: only distances <= 0 are computed; the
+    columns of positive distances are -inf, so the term itself carries the
+    causal rule (CAUSAL-1) and the matmul covers only distances <= 0.
+    """
+    Lq = q.shape[-2]
+    first = -(q_start + Lq - 1)  # the distance of column 0
+    width = Lq + Lk - 1
+    if not causal:
+        width += -width % 16  # zero rows up to a multiple of 16: never read, and the matmul is faster
+        return skew(rows_logits(q, distance_rows(table, first, width, max_len)), Lk)
+    n = min(width, 1 - first)  # distances first .. 0
+    r = rows_logits(q, distance_rows(table, first, n, max_len))
+    if width > n:
+        r = torch.cat([r, r.new_full(r.shape[:-1] + (width - n,), float("-inf"))], dim=-1)
+    return skew(r, Lk)
 
 
 def skew(r: torch.Tensor, Lk: int) -> torch.Tensor:
     """HUANG-4: out[..., i, j] = r[..., i, j - i + Lq - 1], by reshape and slice.
 
-    r is (B, H, Lq, W), W >= Lq + Lk - 1, column m holding distance m - (Lq - 1).
-    Element (i, j - i + Lq - 1) sits at flat offset (Lq - 1) + i (W - 1) + j of
-    each (Lq, W) block: drop the first Lq - 1 entries, view the rest as rows
-    of W - 1, keep the first Lk columns. Views only until the caller adds it.
+    r is (B, H, Lq, W), W >= Lq + Lk - 1. Element (i, j - i + Lq - 1) sits at
+    flat offset (Lq - 1) + i (W - 1) + j of each (Lq, W) block: drop the first
+    Lq - 1 entries, view the rest as rows of W - 1, keep the first Lk columns.
+    Views only until the caller adds it.
     """
     B, H, Lq, W = r.shape
     if Lq == 1:
@@ -78,51 +98,27 @@ def skew(r: torch.Tensor, Lk: int) -> torch.Tensor:
     return flat.reshape(B, H, Lq, W - 1)[..., :Lk]
 
 
-def reachable_rows_causal(table: torch.Tensor, Lq: int, max_len: int) -> torch.Tensor:
-    """HUANG-4 with causal default positions: only distances -(Lq-1) .. 0 can be allowed.
-
-    (R, d) -> (Lq, d) or (H, R, d) -> (H, Lq, d), zero rows beyond the table.
-    """
-    lo, hi = max_len - Lq, max_len - 1  # table rows of distances -(Lq-1) and 0
-    rows = table[..., max(lo, 0): hi + 1, :]
-    return torch.nn.functional.pad(rows, (0, 0, max(0, -lo), 0)) if lo < 0 else rows
-
-
-def skew_causal(r: torch.Tensor, Lk: int) -> torch.Tensor:
-    """The Music Transformer skew for causal attention: out[..., i, j] = r[..., i, j - i + Lq - 1] for j <= i.
-
-    r is (B, H, Lq, Lq), column m holding distance m - (Lq - 1). Pad one zero
-    column on the left, read the (Lq, Lq + 1) block as (Lq + 1, Lq), drop the
-    first row: entry (i, j) is then padded[i, Lq - i + j]. Entries with j > i
-    are not defined (the causal mask removes them); keys past Lq are zero.
-    """
-    B, H, Lq, _ = r.shape
-    padded = torch.nn.functional.pad(r, (1, 0))  # (B, H, Lq, Lq + 1)
-    out = padded.reshape(B, H, Lq + 1, Lq)[:, :, 1:, :]
-    return out[..., :Lk] if Lk <= Lq else torch.nn.functional.pad(out, (0, Lk - Lq))
-
-
-def bucket_sums_banded(w: torch.Tensor, max_distance: int) -> torch.Tensor:
+def bucket_sums_banded(w: torch.Tensor, max_distance: int, left_mask=None, q_start: int = 0) -> torch.Tensor:
     """SHAW-4 for default positions (delta = j - i), without a scatter over (Lq, Lk).
 
     Interior rows (|c| < k) are the entries w[i, i + c]: one gather of
-    (Lq, 2k - 1) columns. The edge rows are prefix sums over the keys:
-    S[i, 0] = sum_{j <= i-k} w_ij = cumsum[i, i-k] and
-    S[i, 2k] = sum_{j >= i+k} w_ij = total_i - cumsum[i, i+k-1], reading the
-    cumulative sum at clamped columns (it saturates at the row total).
+    (Lq, 2k - 1) columns. The left edge S[i, 0] = sum_{j - i <= -k} w_ij is a
+    row dot product with a 0/1 mask (one read of w, no cumulative sum); the
+    right edge is the rest of the row total. ``left_mask``: that mask,
+    (1, Lq, Lk) in w's dtype, when the caller has it. ``q_start``: the position of
+    w's first query (w holds queries q_start .. q_start + Lq - 1).
     """
     B, H, Lq, Lk = w.shape
     k = max_distance
-    total = w.sum(dim=-1, keepdim=True)  # (B, H, Lq, 1)
+    total = w.sum(dim=-1, keepdim=True)
     if k == 0:
         return total
-    i = torch.arange(Lq, device=w.device).unsqueeze(1)
+    i = torch.arange(q_start, q_start + Lq, device=w.device).unsqueeze(1)
     cols = i + torch.arange(-k + 1, k, device=w.device)  # (Lq, 2k - 1) key of each interior bucket
     inside = (cols >= 0) & (cols < Lk)
     interior = torch.gather(w, -1, cols.clamp(0, Lk - 1).expand(B, H, Lq, 2 * k - 1)).masked_fill(~inside, 0.0)
-    csum = w.cumsum(dim=-1)
-    edge_cols = torch.cat([i - k, i + k - 1], dim=1)  # (Lq, 2)
-    edges = torch.gather(csum, -1, edge_cols.clamp(0, Lk - 1).expand(B, H, Lq, 2))
-    left = edges[..., :1].masked_fill(i - k < 0, 0.0)
-    right = total - edges[..., 1:]
+    if left_mask is None:
+        left_mask = (torch.arange(Lk, device=w.device) - i <= -k).to(w.dtype)
+    left = torch.linalg.vecdot(w, left_mask).unsqueeze(-1)
+    right = total - left - interior.sum(dim=-1, keepdim=True)
     return torch.cat([left, interior, right], dim=-1)
