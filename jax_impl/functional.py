@@ -93,8 +93,7 @@ def _relative_key_term(spec, params, q, q_positions, k_positions, delta, Lk):
     if isinstance(r, Shaw):  # SHAW-3
         return rel.gather_rows(rel.rows_logits(q, table), rel.shaw_index(delta, r.max_distance))
     if q_positions is None and k_positions is None:  # HUANG-4: skew over the reachable rows
-        rows = rel.reachable_rows(table, q.shape[2], Lk, r.max_len)
-        return rel.skew(rel.rows_logits(q, rows), Lk)
+        return rel.huang_skew_term(q, table, Lk, r.max_len, causal=spec.causal)
     index, valid = rel.huang_index(delta, r.max_len)  # HUANG-4: gather
     return jnp.where(valid[:, None], rel.gather_rows(rel.rows_logits(q, table), index), 0.0)
 
@@ -141,6 +140,9 @@ def attention(spec: AttentionSpec, params: dict, query, key=None, value=None, *,
         logits = logits + term.astype(stat) * spec.relative_scale  # SCALE-3
     if bias is not None:
         logits = logits + bias.astype(stat)  # BIAS-1, SCALE-4
+    if (spec.causal and spec.relative is not None and not isinstance(spec.relative, Shaw) and mask is None
+            and bias is None and q_positions is None and k_positions is None and spec.mask_fill is None):
+        allowed = None  # the Huang skew term holds -inf at every key CAUSAL-1 disallows; key 0 is always allowed
     weights = _masked_softmax(logits, allowed, spec.mask_fill)
     dropped = weights
     if dropout_keep is not None:  # DROP-1

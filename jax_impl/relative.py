@@ -43,16 +43,36 @@ def huang_index(delta, max_len: int):
     return jnp.where(valid, delta + max_len - 1, 0), valid
 
 
-def reachable_rows(table, Lq: int, Lk: int, max_len: int):
-    """HUANG-4 with default positions: table rows for distances -(Lq-1) .. Lk-1, zero beyond.
+def distance_rows(table, first: int, count: int, max_len: int):
+    """HUANG-2/3: the table rows of distances first .. first + count - 1, zero rows beyond the table.
 
-    Static slicing and zero padding: (R, d) -> (W, d), (H, R, d) -> (H, W, d), W = Lq + Lk - 1.
+    Static slicing and zero padding: (R, d) -> (count, d), (H, R, d) -> (H, count, d).
     """
-    lo, hi = max_len - Lq, max_len + Lk - 2  # wanted table rows, may overhang [0, 2M - 2]
     R = 2 * max_len - 1
-    rows = table[..., max(lo, 0): min(hi, R - 1) + 1, :]
-    pad = [(0, 0)] * (table.ndim - 2) + [(max(0, -lo), max(0, hi - (R - 1))), (0, 0)]
-    return jnp.pad(rows, pad)
+    lo, hi = first + max_len - 1, first + count - 1 + max_len - 1  # wanted table rows, may overhang
+    a, b = max(lo, 0), min(hi, R - 1)
+    if a > b:  # no distance of the range is in the table
+        return jnp.zeros(table.shape[:-2] + (count, table.shape[-1]), table.dtype)
+    pad = [(0, 0)] * (table.ndim - 2) + [(a - lo, hi - b), (0, 0)]
+    return jnp.pad(table[..., a: b + 1, :], pad)
+
+
+def huang_skew_term(q, table, Lk: int, max_len: int, causal: bool):
+    """HUANG-4 with default positions: one matmul with the rows of every reachable distance, then the skew.
+
+    Column m of the product holds distance m - (Lq - 1). ``causal``: only
+    distances <= 0 are multiplied (Lq table rows, not Lq + Lk - 1); the
+    columns of positive distances are -inf, so the term carries CAUSAL-1.
+    """
+    Lq = q.shape[-2]
+    width = Lq + Lk - 1
+    if not causal:
+        return skew(rows_logits(q, distance_rows(table, -(Lq - 1), width, max_len)), Lk)
+    n = min(width, Lq)  # distances -(Lq - 1) .. 0
+    r = rows_logits(q, distance_rows(table, -(Lq - 1), n, max_len))
+    if width > n:
+        r = jnp.concatenate([r, jnp.full(r.shape[:-1] + (width - n,), -jnp.inf, r.dtype)], axis=-1)
+    return skew(r, Lk)
 
 
 def skew(r, Lk: int):

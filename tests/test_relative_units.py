@@ -47,3 +47,17 @@ def test_contiguous_offset_detects_runs():
 def test_relative_distance_is_key_minus_query():
     delta = relative_distance(np.array([[0, 1]]), np.array([[0, 1, 2]]))
     assert delta[0].tolist() == [[0, 1, 2], [-1, 0, 1]]
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+@pytest.mark.parametrize("first,count", [(-9, 4), (-4, 6), (-2, 3), (0, 2), (1, 7), (5, 3)])
+def test_distance_rows_of_the_implementations_are_table_rows_or_zero(framework, first, count):
+    """HUANG-2/3: torch_impl and jax_impl slice the rows of distances first .. first+count-1, zero outside."""
+    impl = pytest.importorskip(f"{framework}_impl.relative", reason=f"needs {framework}: pip install attnspec[{framework}]")
+    asarray = {"torch": lambda a: pytest.importorskip("torch").as_tensor(a),
+               "jax": lambda a: pytest.importorskip("jax.numpy").asarray(a)}[framework]
+    M = 3
+    table = np.arange(1.0, 2 * M)[:, None] * np.array([[1.0, -1.0]])  # rows for distances -2..2
+    expected = np.array([table[t + M - 1] if abs(t) <= M - 1 else [0.0, 0.0] for t in range(first, first + count)])
+    got = np.asarray(impl.distance_rows(asarray(table), first, count, M))
+    np.testing.assert_array_equal(got, expected)
