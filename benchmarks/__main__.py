@@ -106,9 +106,11 @@ def markdown(result: dict) -> str:
              f"Machine: {env['machine']}; {env['cpus']} CPUs; Python {env['python']}; "
              f"torch {env.get('torch', '-')}; jax {env.get('jax', '-')}. "
              f"B = {B}, H = {H}, d = {D_HEAD}, Shaw k = {SHAW_K}, Huang max_len = L. "
-             "Times are medians; GFLOP/s count the vanilla 4 B H L^2 d for every scheme "
-             "(x3 for forward+backward).", ""]
-    lines += ["## Ratios to the framework's fused vanilla attention (module level)", "",
+             "Times are medians of interleaved rounds (every implementation once per round); GFLOP/s count "
+             "the vanilla 4 B H L^2 d for every scheme (x3 for forward+backward). Modes: forward and "
+             "forward+backward of the whole layer (projections + attention); core = the layer's forward minus "
+             "a projections-only forward timed in the same rounds.", ""]
+    lines += ["## Ratios to the framework's fused vanilla attention", "",
               "| framework | device | dtype | mode | scheme | " + " | ".join(f"L={L}" for L in result["lengths"]) + " |",
               "|---|---|---|---|---|" + "---|" * len(result["lengths"])]
     rows = result["ratios"]

@@ -38,7 +38,7 @@ class Record:
     L: int
     dtype: str
     device: str
-    mode: str  # forward | forward+backward | core
+    mode: str  # forward | forward+backward | core (attention without the projections)
     seconds: float
     repeats: int
     gflops: float = 0.0
@@ -72,16 +72,70 @@ def median_time(fn, sync=lambda: None, repeats: int = 5, warmup: int = 1, budget
     return statistics.median(times), len(times)
 
 
-def timed_record(framework: str, impl: str, scheme: str, L: int, dtype: str, device: str, mode: str, fn,
-                 sync=lambda: None, repeats: int = 5, warmup: int = 1) -> Record:
-    """Time ``fn`` (median), count vanilla GFLOP/s (x3 with the backward pass), log one line."""
+def interleaved_medians(fns: dict, sync=lambda: None, rounds: int = 5, warmup: int = 1,
+                        budget_s: float = 60.0) -> dict:
+    """Median wall time of every function in ``fns``, timed in interleaved rounds.
+
+    Each round runs every function once, so a slow spell of a shared machine
+    falls on all of them alike and the ratios between them stay stable.
+    Returns {key: (median seconds, runs)}; fewer rounds if the budget runs out.
+    """
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+            sync()
+    times = {key: [] for key in fns}
+    start = time.perf_counter()
+    for _ in range(rounds):
+        for key, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            times[key].append(time.perf_counter() - t0)
+        if time.perf_counter() - start > budget_s:
+            break
+    return {key: (statistics.median(ts), len(ts)) for key, ts in times.items()}
+
+
+def make_record(framework: str, impl: str, scheme: str, L: int, dtype: str, device: str, mode: str,
+                seconds: float, repeats: int, notes: str = "") -> Record:
+    """One measurement, with vanilla GFLOP/s (x3 with the backward pass); logs one line."""
     import sys
 
-    seconds, n = median_time(fn, sync, repeats=repeats, warmup=warmup)
-    flops = vanilla_flops(L) * (3 if mode != "forward" else 1)
+    flops = vanilla_flops(L) * (3 if mode == "forward+backward" else 1)
     print(f"{framework:5s} {impl:30s} {scheme:14s} L={L:5d} {mode:16s} {seconds * 1e3:10.2f} ms",
           file=sys.stderr, flush=True)
-    return Record(framework, impl, scheme, L, dtype, device, mode, seconds, n, gflops=flops / seconds / 1e9)
+    return Record(framework, impl, scheme, L, dtype, device, mode, seconds, repeats, gflops=flops / seconds / 1e9,
+                  notes=notes)
+
+
+def timed_record(framework: str, impl: str, scheme: str, L: int, dtype: str, device: str, mode: str, fn,
+                 sync=lambda: None, repeats: int = 5, warmup: int = 1) -> Record:
+    """Time ``fn`` alone (median) and make its record."""
+    seconds, n = median_time(fn, sync, repeats=repeats, warmup=warmup)
+    return make_record(framework, impl, scheme, L, dtype, device, mode, seconds, n)
+
+
+#: The implementation name of the projections-only layer: the attention-core
+#: time of an implementation is its module forward minus this, both measured
+#: in the same interleaved rounds.
+PROJECTIONS = "projections only"
+CORE_NOTE = "module forward minus the projections-only forward, same rounds"
+
+
+def timed_records(framework: str, fns: dict, L: int, dtype: str, device: str, mode: str, sync=lambda: None,
+                  rounds: int = 5) -> list:
+    """Records for {(impl, scheme): fn} timed together; with mode forward also the derived core times."""
+    medians = interleaved_medians(fns, sync, rounds=rounds)
+    records = [make_record(framework, impl, scheme, L, dtype, device, mode, s, n)
+               for (impl, scheme), (s, n) in medians.items() if impl != PROJECTIONS]
+    proj = next((s for (impl, _), (s, _n) in medians.items() if impl == PROJECTIONS), None)
+    if mode == "forward" and proj is not None:
+        for (impl, scheme), (s, n) in medians.items():
+            if impl != PROJECTIONS and s > proj:
+                records.append(make_record(framework, impl, scheme, L, dtype, device, "core", s - proj, n,
+                                           notes=CORE_NOTE))
+    return records
 
 
 def write_json(records: list, path) -> None:

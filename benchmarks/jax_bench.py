@@ -13,7 +13,7 @@ import numpy as np
 import jax_impl
 import numpy_ref
 
-from .common import B, D_HEAD, H, bench_main, spec_for, timed_record
+from .common import B, D_HEAD, H, PROJECTIONS, bench_main, spec_for, timed_records
 
 
 def dpa_layer(spec):
@@ -30,6 +30,19 @@ def dpa_layer(spec):
     return f
 
 
+def projections_layer(spec):
+    """The four projections and the head reshapes of the anchor, with no attention between them."""
+
+    def f(p, x):
+        def heads(w, b):
+            return (x @ p[w] + p[b]).reshape(B, -1, H, D_HEAD)
+
+        q, k, v = heads("wq", "bq"), heads("wk", "bk"), heads("wv", "bv")
+        return (v + 0 * (q + k)).reshape(x.shape) @ p["wo"] + p["bo"]  # q and k stay live under jit
+
+    return f
+
+
 def jax_impl_layer(spec):
     return lambda p, x: jax_impl.attention(spec, p, x)
 
@@ -37,28 +50,35 @@ def jax_impl_layer(spec):
 IMPLS = {
     "dot_product_attention (anchor)": (dpa_layer, ("vanilla", "vanilla-causal")),
     "jax_impl": (jax_impl_layer, ("vanilla", "vanilla-causal", "shaw", "huang", "huang-causal")),
+    PROJECTIONS: (projections_layer, ("vanilla",)),
 }
 
 
 def run(lengths, device: str, dtype_name: str, modes, quick: bool) -> list:
+    """All implementations per (L, mode) in interleaved rounds; compilation happens in the warm-up round."""
     dtype = jnp.dtype(dtype_name)
     dev = jax.devices("cpu" if device == "cpu" else "gpu")[0]
     records = []
     for L in lengths:
-        for impl, (factory, schemes) in IMPLS.items():
-            for scheme in schemes:
-                spec = spec_for(scheme, L)
-                p = {n: jax.device_put(jnp.asarray(a, dtype), dev) for n, a in numpy_ref.init_params(spec, 0).items()}
-                x = jax.device_put(jnp.asarray(np.random.default_rng(0).normal(size=(B, L, H * D_HEAD)), dtype), dev)
-                layer = factory(spec)
-                fwd = jax.jit(layer)
-                grad = jax.jit(jax.grad(lambda p, x: jnp.sum(layer(p, x)), argnums=(0, 1)))
-                for mode in modes:
-                    fn = (lambda: fwd(p, x).block_until_ready()) if mode == "forward" else \
-                        (lambda: jax.block_until_ready(grad(p, x)))
-                    records.append(timed_record("jax", impl, scheme, L, dtype_name, device, mode, fn,
-                                                repeats=2 if quick else 5))
+        x = jax.device_put(jnp.asarray(np.random.default_rng(0).normal(size=(B, L, H * D_HEAD)), dtype), dev)
+        for mode in modes:
+            fns = {}
+            for impl, (factory, schemes) in IMPLS.items():
+                for scheme in schemes:
+                    spec = spec_for(scheme, L)
+                    p = {n: jax.device_put(jnp.asarray(a, dtype), dev)
+                         for n, a in numpy_ref.init_params(spec, 0).items()}
+                    fns[(impl, scheme)] = _timed_fn(factory(spec), p, x, mode)
+            records += timed_records("jax", fns, L, dtype_name, device, mode, rounds=3 if quick else 7)
     return records
+
+
+def _timed_fn(layer, p, x, mode: str):
+    if mode == "forward":
+        fwd = jax.jit(layer)
+        return lambda: fwd(p, x).block_until_ready()
+    grad = jax.jit(jax.grad(lambda p, x: jnp.sum(layer(p, x)), argnums=(0, 1)))
+    return lambda: jax.block_until_ready(grad(p, x))
 
 
 def main(argv=None):

@@ -14,7 +14,7 @@ import numpy_ref
 import torch_impl
 from spec import AttentionSpec, Huang
 
-from .common import B, D_HEAD, H, bench_main, spec_for, timed_record
+from .common import B, D_HEAD, H, PROJECTIONS, bench_main, spec_for, timed_record, timed_records
 
 
 def params_for(spec, device, dtype) -> dict:
@@ -86,10 +86,22 @@ def music_seed_layer(spec, p):
     return f
 
 
+def projections_layer(spec, p):
+    """The four projections and the head split and merge of the anchor, with no attention between them."""
+
+    def f(x):
+        v = _heads(x, p["wv"], p["bv"])
+        _heads(x, p["wq"], p["bq"]), _heads(x, p["wk"], p["bk"])
+        return _linear(v.transpose(1, 2).reshape(x.shape), p["wo"], p["bo"])
+
+    return f
+
+
 IMPLS = {
     # impl name: (layer factory, schemes it runs, longest L it is run at)
     "sdpa (anchor)": (sdpa_layer, ("vanilla", "vanilla-causal"), None),
     "torch_impl": (torch_impl_layer, ("vanilla", "vanilla-causal", "shaw", "huang", "huang-causal"), None),
+    PROJECTIONS: (projections_layer, ("vanilla",), None),
     "shaw seed (naive)": (shaw_seed_layer, ("shaw",), 2048),
     "music seed (naive)": (music_seed_layer, ("huang",), 1024),
 }
@@ -105,30 +117,39 @@ def build(impl: str, scheme: str, L: int, device: str, dtype):
     return factory(spec, p), x, p
 
 
+def _timed_fn(layer, x, mode: str):
+    if mode == "forward":
+        def fn():
+            with torch.no_grad():
+                layer(x)
+    else:
+        def fn():
+            layer(x).sum().backward()
+    return fn
+
+
 def run(lengths, device: str, dtype_name: str, modes, quick: bool) -> list:
+    """The fast implementations in interleaved rounds per (L, mode); the naive seed algorithms alone, forward only."""
     dtype = getattr(torch, dtype_name)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     records = []
     for L in lengths:
-        for impl, (_, schemes, max_L) in IMPLS.items():
+        fast = [(impl, scheme) for impl in ("sdpa (anchor)", "torch_impl", PROJECTIONS) for scheme in IMPLS[impl][1]]
+        layers = {key: build(*key, L, device, dtype) for key in fast}
+        for mode in modes:
+            fns = {key: _timed_fn(layer, x, mode) for key, (layer, x, _) in layers.items()}
+            records += timed_records("torch", fns, L, dtype_name, device, mode, sync, rounds=3 if quick else 7)
+        del layers
+        for impl in ("shaw seed (naive)", "music seed (naive)"):
+            _, schemes, max_L = IMPLS[impl]
             if max_L is not None and L > max_L:
                 continue
             for scheme in schemes:
-                layer, x, p = build(impl, scheme, L, device, dtype)
-                slow = impl.endswith("(naive)")
-                for mode in modes:
-                    if slow and mode != "forward":
-                        continue
-                    if mode == "forward":
-                        def fn():
-                            with torch.no_grad():
-                                layer(x)
-                    else:
-                        def fn():
-                            layer(x).sum().backward()
-                    repeats = 1 if (slow and "music" in impl) else (2 if quick else 5)
-                    records.append(timed_record("torch", impl, scheme, L, dtype_name, device, mode, fn, sync,
-                                                repeats=repeats, warmup=0 if "music" in impl else 1))
+                layer, x, _ = build(impl, scheme, L, device, dtype)
+                music = "music" in impl
+                records.append(timed_record("torch", impl, scheme, L, dtype_name, device, "forward",
+                                            _timed_fn(layer, x, "forward"), sync, repeats=1 if music else 3,
+                                            warmup=0 if music else 1))
     return records
 
 

@@ -149,7 +149,11 @@ def attention(spec: AttentionSpec, params: dict, query, key=None, value=None, *,
         dropped = jnp.where(dropout_keep, weights / (1.0 - spec.dropout), 0.0)
     o = jnp.einsum("bhij,bhjd->bhid", dropped.astype(dtype), v)
     if isinstance(spec.relative, Shaw) and spec.relative.values:  # SHAW-4, DROP-4
-        buckets = rel.bucket_sums(dropped, rel.shaw_index(delta, spec.relative.max_distance), spec.relative.num_rows)
+        if q_positions is None and k_positions is None:
+            buckets = rel.bucket_sums_banded(dropped, spec.relative.max_distance)
+        else:
+            buckets = rel.bucket_sums(dropped, rel.shaw_index(delta, spec.relative.max_distance),
+                                      spec.relative.num_rows)
         table = p["rel_v"]
         o = o + (jnp.einsum("bhir,rd->bhid", buckets.astype(dtype), table) if table.ndim == 2
                  else jnp.einsum("bhir,hrd->bhid", buckets.astype(dtype), table))

@@ -32,6 +32,28 @@ def bucket_sums(w, index, num_rows: int):
     return out.reshape(B, H, Lq, num_rows)
 
 
+def bucket_sums_banded(w, max_distance: int):
+    """SHAW-4 for default positions (delta = j - i), without a scatter.
+
+    Interior rows (|c| < k) are the entries w[i, i + c]: one small gather of
+    (Lq, 2k - 1) columns. The edge rows S[i, 0] (j - i <= -k) and S[i, 2k]
+    (j - i >= k) are masked row sums, which XLA fuses into one read of w.
+    """
+    B, H, Lq, Lk = w.shape
+    k = max_distance
+    if k == 0:
+        return jnp.sum(w, axis=-1, keepdims=True)
+    i = jnp.arange(Lq)[:, None]
+    cols = i + jnp.arange(-k + 1, k)  # (Lq, 2k - 1) key of each interior bucket
+    inside = (cols >= 0) & (cols < Lk)
+    interior = jnp.take_along_axis(w, jnp.broadcast_to(jnp.clip(cols, 0, Lk - 1), (B, H, Lq, 2 * k - 1)), axis=-1)
+    interior = jnp.where(inside, interior, 0)
+    c = jnp.arange(Lk)[None, :] - i  # (Lq, Lk) distances
+    left = jnp.sum(jnp.where(c <= -k, w, 0), axis=-1, keepdims=True)
+    right = jnp.sum(jnp.where(c >= k, w, 0), axis=-1, keepdims=True)
+    return jnp.concatenate([left, interior, right], axis=-1)
+
+
 def shaw_index(delta, max_distance: int):
     """SHAW-2: clip(delta, -k, k) + k."""
     return jnp.clip(delta, -max_distance, max_distance) + max_distance
