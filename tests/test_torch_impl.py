@@ -42,7 +42,8 @@ def tiny_tiles():
     """The explicit path cut into tiles of 2 or 3 queries of one (batch, head) pair."""
     from torch_impl import functional
 
-    return mock.patch.multiple(functional, TILE_ELEMENTS=6, MIN_TILE_ROWS=2, QUERY_TILE_ROWS=3)
+    return mock.patch.multiple(functional, TILE_ELEMENTS=6, ACCELERATOR_TILE_ELEMENTS=6, MIN_TILE_ROWS=2,
+                               QUERY_TILE_ROWS=3)
 
 
 @pytest.mark.parametrize("tiles", ["default", "tiny"])
@@ -107,6 +108,24 @@ def test_canonical_round_trip_is_exact(dtype):
         assert a.dtype == params[n].dtype and a.tobytes() == params[n].tobytes(), n
     # the module stores nn.Linear weights (out, in): canonical wq is its transpose
     assert np.array_equal(params["wq"].astype(np.float64), m.q_proj.weight.detach().double().numpy().T)
+
+
+@pytest.mark.parametrize("relative", [Shaw(3), Huang(200), None], ids=["shaw", "huang", "none"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_default_tiles_at_a_length_that_splits_them_match_the_reference(relative, causal):
+    """Lq = 300 > QUERY_TILE_ROWS: two query tiles, causal ones reading only the keys up to their last query."""
+    from torch_impl import functional
+
+    spec = AttentionSpec(1, 4, relative=relative, causal=causal, dropout=0.25)
+    params = numpy_ref.init_params(spec, 1)
+    rng = np.random.default_rng(2)
+    x, keep = rng.normal(size=(1, 300, 4)), rng.random((1, 1, 300, 300)) < 0.75  # keep: the explicit path
+    assert functional.QUERY_TILE_ROWS < 300
+    got, w = torch_impl.attention(spec, {n: torch.as_tensor(a) for n, a in params.items()}, torch.as_tensor(x),
+                                  dropout_keep=torch.as_tensor(keep), return_weights=True)
+    ref, ref_w = numpy_ref.attention(spec, params, x, dropout_keep=keep, return_weights=True)
+    np.testing.assert_allclose(got.numpy(), ref, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(w.numpy(), ref_w, rtol=0, atol=1e-12)
 
 
 def test_module_matches_functional_and_reference():

@@ -221,6 +221,10 @@ TILE_ELEMENTS = 1 << 20
 QUERY_TILE_ROWS = 256
 #: The fewest queries per tile, however long the keys.
 MIN_TILE_ROWS = 16
+#: Logits per tile on any other device (a GPU): one tile for everything up to
+#: 2^28 elements, no short query tiles. Many small tiles would be many small
+#: kernel launches there; this value is not tuned by a measurement yet.
+ACCELERATOR_TILE_ELEMENTS = 1 << 28
 
 
 class _Tile(NamedTuple):
@@ -231,19 +235,19 @@ class _Tile(NamedTuple):
     k1: int  # keys 0 .. k1 - 1
 
 
-def _tiles(B: int, H: int, Lq: int, Lk: int, causal_prefix: bool, short_rows: bool) -> list:
+def _tiles(B: int, H: int, Lq: int, Lk: int, causal_prefix: bool, short_rows: bool, budget: int) -> list:
     """Tiles covering (B, H, Lq), as [batch group][head group][query range].
 
     ``causal_prefix``: every allowed key of query i is <= i, so a tile of
     queries q0 .. q1 - 1 reads keys 0 .. q1 - 1 only. ``short_rows``: tiles
     of QUERY_TILE_ROWS queries are cheaper (causal prefix, Huang skew).
-    Tile sizes come from TILE_ELEMENTS and QUERY_TILE_ROWS, never one query
-    per tile.
+    ``budget``: logits per tile. Tile sizes come from the budget and
+    QUERY_TILE_ROWS, never one query per tile.
     """
     rows = min(Lq, QUERY_TILE_ROWS) if short_rows else Lq
-    if rows * Lk > TILE_ELEMENTS:  # one (batch, head) pair is over the budget: fewer queries per tile
-        rows = max(MIN_TILE_ROWS, TILE_ELEMENTS // Lk)
-    pairs = max(1, TILE_ELEMENTS // (rows * Lk))
+    if rows * Lk > budget:  # one (batch, head) pair is over the budget: fewer queries per tile
+        rows = max(MIN_TILE_ROWS, budget // Lk)
+    pairs = max(1, budget // (rows * Lk))
     if pairs >= H:
         nb = pairs // H
         groups = [(slice(b, b + nb), [slice(None)]) for b in range(0, B, nb)]
@@ -271,7 +275,9 @@ def _explicit(spec, p, q, k, v, *, mask, bias, delta, allowed, default_positions
     indices = _indices(spec, delta, default_positions, stat)
     causal_prefix = spec.causal and default_positions and spec.mask_fill is None
     huang_skew = spec.relative is not None and not isinstance(spec.relative, Shaw) and default_positions
-    grid = _tiles(B, H, Lq, Lk, causal_prefix, short_rows=causal_prefix or huang_skew)
+    on_cpu = q.device.type == "cpu"  # a tuning choice only: every tile follows the inputs' device
+    grid = _tiles(B, H, Lq, Lk, causal_prefix, short_rows=on_cpu and (causal_prefix or huang_skew),
+                  budget=TILE_ELEMENTS if on_cpu else ACCELERATOR_TILE_ELEMENTS)
     outs, weights = [], []
     for t in (tile for group in grid for heads in group for tile in heads):
         tables = {n: (x[t.h] if x.dim() == 3 else x) for n, x in p.items() if n in ("rel_k", "rel_v")}
