@@ -82,24 +82,20 @@ class _Indices(NamedTuple):
 
     index: Optional[torch.Tensor] = None  # SHAW-2 or HUANG-2 table row of every (query, key)
     valid: Optional[torch.Tensor] = None  # HUANG-3: |delta| <= max_len - 1
-    left: Optional[torch.Tensor] = None  # SHAW-4, default positions: 0/1 mask of delta <= -k
 
 
-def _indices(spec, delta, default_positions: bool, stat) -> _Indices:
+def _indices(spec, delta, default_positions: bool) -> _Indices:
     r = spec.relative
     if isinstance(r, Shaw):
-        left = None
-        if r.values and default_positions and r.max_distance > 0:
-            left = (delta <= -r.max_distance).to(stat)
         index = rel.shaw_index(delta, r.max_distance) if r.keys or not default_positions else None
-        return _Indices(index=index, left=left)
+        return _Indices(index=index)
     if r is not None and not default_positions:  # Huang with explicit positions: the gather
         index, valid = rel.huang_index(delta, r.max_len)
         return _Indices(index=index, valid=valid)
     return _Indices()
 
 
-def _relative_key_term(spec, params, q, default_positions: bool, ix: _Indices, q_start: int, Lk: int):
+def _relative_key_term(spec, params, q, shaw_rows, default_positions: bool, ix: _Indices, q_start: int, Lk: int):
     """REL-1: the relative key logits (B, H, Lq, Lk) from a query already scaled by s_rel.
 
     With default positions (delta = j - i) the Huang term is the skew, which
@@ -109,7 +105,7 @@ def _relative_key_term(spec, params, q, default_positions: bool, ix: _Indices, q
     r = spec.relative
     table = params["rel_k"]
     if isinstance(r, Shaw):  # SHAW-3
-        return rel.gather_rows(rel.rows_logits(q, table), ix.index)
+        return rel.gather_rows(shaw_rows, ix.index)
     if default_positions:  # HUANG-4: skew over the reachable rows
         return rel.huang_skew_term(q, table, q_start, Lk, r.max_len, causal=spec.causal)
     term = rel.gather_rows(rel.rows_logits(q, table), ix.index)  # HUANG-4: gather
@@ -272,16 +268,29 @@ def _explicit(spec, p, q, k, v, *, mask, bias, delta, allowed, default_positions
     B, H, Lq, _ = q.shape
     Lk = k.shape[2]
     stat = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype  # PREC-4
-    indices = _indices(spec, delta, default_positions, stat)
+    indices = _indices(spec, delta, default_positions)
     causal_prefix = spec.causal and default_positions and spec.mask_fill is None
-    huang_skew = spec.relative is not None and not isinstance(spec.relative, Shaw) and default_positions
+    banded = spec.relative is not None and default_positions  # Huang skew, Shaw banded value buckets
     on_cpu = q.device.type == "cpu"  # a tuning choice only: every tile follows the inputs' device
-    grid = _tiles(B, H, Lq, Lk, causal_prefix, short_rows=on_cpu and (causal_prefix or huang_skew),
+    grid = _tiles(B, H, Lq, Lk, causal_prefix, short_rows=on_cpu and (causal_prefix or banded),
                   budget=TILE_ELEMENTS if on_cpu else ACCELERATOR_TILE_ELEMENTS)
+    edge_masks = band = None
+    if isinstance(spec.relative, Shaw) and spec.relative.values and default_positions:  # SHAW-4, banded
+        edge_masks = rel.edge_masks(max(t.q1 - t.q0 for t in _flat(grid)), stat, q.device)
+        if spec.relative.max_distance > 0:
+            band = rel.band_index(Lq, Lk, spec.relative.max_distance, q.device)
+    q_s = q * spec.effective_scale  # SCALE-2 folded into the query: a (B, H, Lq, d) pass, not (Lq, Lk)
+    q_rel = q_s if spec.scale_relative else q  # SCALE-3: the relative term sees s * q or q
+    shaw_rows = None
+    if isinstance(spec.relative, Shaw) and "rel_k" in p:  # SHAW-3: q @ rel_k.T is small, (B, H, Lq, 2k + 1)
+        shaw_rows = rel.rows_logits(q_rel, p["rel_k"])
     outs, weights = [], []
-    for t in (tile for group in grid for heads in group for tile in heads):
+    for t in _flat(grid):
         tables = {n: (x[t.h] if x.dim() == 3 else x) for n, x in p.items() if n in ("rel_k", "rel_v")}
-        o, w = _explicit_tile(spec, tables, q[t.b, t.h, t.q0:t.q1], k[t.b, t.h, :t.k1], v[t.b, t.h, :t.k1],
+        part = (t.b, t.h, slice(t.q0, t.q1))
+        o, w = _explicit_tile(spec, tables, q_s[part], q_rel[part], k[t.b, t.h, :t.k1], v[t.b, t.h, :t.k1],
+                              shaw_rows=None if shaw_rows is None else shaw_rows[part], edge_masks=edge_masks,
+                              band=None if band is None or t.k1 < Lk else tuple(x[t.q0:t.q1] for x in band),
                               mask=_cut(mask, t, 2), bias=_cut(bias, t, 2), allowed=_cut(allowed, t, 2),
                               dropout_keep=_cut(dropout_keep, t, 2),
                               indices=_Indices(*(_cut(x, t, 1) for x in indices)),
@@ -290,6 +299,10 @@ def _explicit(spec, p, q, k, v, *, mask, bias, delta, allowed, default_positions
         if return_weights:
             weights.append(w if t.k1 == Lk else torch.nn.functional.pad(w, (0, Lk - t.k1)))
     return _join(grid, outs), (_join(grid, weights) if return_weights else None)
+
+
+def _flat(grid: list):
+    return (tile for group in grid for heads in group for tile in heads)
 
 
 def _join(grid: list, parts: list) -> torch.Tensor:
@@ -303,17 +316,20 @@ def _join(grid: list, parts: list) -> torch.Tensor:
     return cat((cat((cat((next(parts) for _ in heads), 2) for heads in group), 1) for group in grid), 0)
 
 
-def _explicit_tile(spec, tables, q, k, v, *, mask, bias, allowed, dropout_keep, indices, default_positions,
-                   q_start, return_weights):
-    """One tile: logits and softmax in float32 for the 16-bit dtypes (PREC-4)."""
+def _explicit_tile(spec, tables, q_s, q_rel, k, v, *, shaw_rows, edge_masks, band, mask, bias, allowed,
+                   dropout_keep, indices, default_positions, q_start, return_weights):
+    """One tile: logits and softmax in float32 for the 16-bit dtypes (PREC-4).
+
+    q_s: the scaled queries; q_rel: the queries the relative term sees
+    (SCALE-3); shaw_rows: their Shaw table logits, when there are any;
+    edge_masks, band: the triangles and interior index of the banded Shaw value buckets.
+    """
     Lk = k.shape[2]
-    dtype = q.dtype
+    dtype = q_s.dtype
     stat = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-    q_s = q * spec.effective_scale  # SCALE-2 folded into the query: a (B, H, Lq, d) pass, not (Lq, Lk)
     term = None
-    if "rel_k" in tables:  # SCALE-3: the relative term sees the same scaled query, or the unscaled one
-        term = _relative_key_term(spec, tables, q_s if spec.scale_relative else q, default_positions, indices,
-                                  q_start, Lk)
+    if "rel_k" in tables:
+        term = _relative_key_term(spec, tables, q_rel, shaw_rows, default_positions, indices, q_start, Lk)
     logits = _content_logits(q_s, k, term, stat)
     if bias is not None:
         logits = logits + bias.to(stat)  # BIAS-1, SCALE-4
@@ -329,7 +345,7 @@ def _explicit_tile(spec, tables, q, k, v, *, mask, bias, allowed, dropout_keep, 
     o = dropped.to(dtype) @ v
     if isinstance(spec.relative, Shaw) and spec.relative.values:  # SHAW-4, DROP-4
         if default_positions:
-            buckets = rel.bucket_sums_banded(dropped, spec.relative.max_distance, indices.left, q_start)
+            buckets = rel.bucket_sums_banded(dropped, spec.relative.max_distance, q_start, edge_masks, band)
         else:
             buckets = rel.bucket_sums(dropped, indices.index, spec.relative.num_rows)
         table = tables["rel_v"]

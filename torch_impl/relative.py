@@ -36,7 +36,7 @@ def bucket_sums(w: torch.Tensor, index: torch.Tensor, num_rows: int) -> torch.Te
 
 def shaw_index(delta: torch.Tensor, max_distance: int) -> torch.Tensor:
     """SHAW-2: clip(delta, -k, k) + k."""
-    return delta.clamp(-max_distance, max_distance) + max_distance
+    return delta.clamp(-max_distance, max_distance).add_(max_distance)  # clamp's result is new: add in place
 
 
 def huang_index(delta: torch.Tensor, max_len: int):
@@ -98,27 +98,56 @@ def skew(r: torch.Tensor, Lk: int) -> torch.Tensor:
     return flat.reshape(B, H, Lq, W - 1)[..., :Lk]
 
 
-def bucket_sums_banded(w: torch.Tensor, max_distance: int, left_mask=None, q_start: int = 0) -> torch.Tensor:
-    """SHAW-4 for default positions (delta = j - i), without a scatter over (Lq, Lk).
+def band_index(Lq: int, Lk: int, max_distance: int, device) -> tuple:
+    """The interior buckets of ``bucket_sums_banded`` for queries 0 .. Lq - 1: (key of each, clamped into
+    0 .. Lk - 1; where that key does not exist), both (Lq, 2k - 1). Tiles slice their rows."""
+    cols = torch.arange(Lq, device=device).unsqueeze(1) + torch.arange(-max_distance + 1, max_distance,
+                                                                       device=device)
+    return cols.clamp(0, Lk - 1), (cols < 0) | (cols >= Lk)
 
-    Interior rows (|c| < k) are the entries w[i, i + c]: one gather of
-    (Lq, 2k - 1) columns. The left edge S[i, 0] = sum_{j - i <= -k} w_ij is a
-    row dot product with a 0/1 mask (one read of w, no cumulative sum); the
-    right edge is the rest of the row total. ``left_mask``: that mask,
-    (1, Lq, Lk) in w's dtype, when the caller has it. ``q_start``: the position of
-    w's first query (w holds queries q_start .. q_start + Lq - 1).
+
+def edge_masks(rows: int, dtype, device) -> tuple:
+    """The 0/1 triangles of ``bucket_sums_banded`` for tiles of up to ``rows`` queries: strictly lower, upper."""
+    i = torch.arange(rows, device=device)
+    below = i.unsqueeze(0) < i.unsqueeze(1)  # [i', c']: c' < i'
+    return below.to(dtype), (~below).to(dtype)
+
+
+def bucket_sums_banded(w: torch.Tensor, max_distance: int, q_start: int = 0, masks=None, band=None) -> torch.Tensor:
+    """SHAW-4 for default positions (delta = j - i), without a scatter and without an (Lq, Lk) index.
+
+    w holds queries i = q_start .. q_start + R - 1 and keys j = 0 .. Lk - 1.
+    Interior rows (|c| < k) are the entries w[i, i + c]: a gather of
+    (R, 2k - 1) columns. The left edge S[i, 0] sums j <= i - k: keys up to
+    q_start - k belong to it for every query (a plain row sum of that
+    prefix), the next R keys by a strictly lower triangle. The right edge
+    S[i, 2k] sums j >= i + k: keys from q_start + R + k on for every query,
+    the R keys before them by an upper triangle. About one read of w for
+    both edges and no cancellation; with short tiles the triangles are small.
+    ``masks``: ``edge_masks(R_max, ...)`` and ``band``: the rows q_start ..
+    q_start + R - 1 of ``band_index``, when the caller has them.
     """
-    B, H, Lq, Lk = w.shape
+    B, H, R, Lk = w.shape
     k = max_distance
-    total = w.sum(dim=-1, keepdim=True)
     if k == 0:
-        return total
-    i = torch.arange(q_start, q_start + Lq, device=w.device).unsqueeze(1)
-    cols = i + torch.arange(-k + 1, k, device=w.device)  # (Lq, 2k - 1) key of each interior bucket
-    inside = (cols >= 0) & (cols < Lk)
-    interior = torch.gather(w, -1, cols.clamp(0, Lk - 1).expand(B, H, Lq, 2 * k - 1)).masked_fill(~inside, 0.0)
-    if left_mask is None:
-        left_mask = (torch.arange(Lk, device=w.device) - i <= -k).to(w.dtype)
-    left = torch.linalg.vecdot(w, left_mask).unsqueeze(-1)
-    right = total - left - interior.sum(dim=-1, keepdim=True)
+        return w.sum(dim=-1, keepdim=True)
+    if band is None:
+        band = tuple(t[q_start: q_start + R] for t in band_index(q_start + R, Lk, k, w.device))
+    cols, outside = band
+    interior = torch.gather(w, -1, cols.expand(B, H, R, 2 * k - 1))
+    if q_start - k + 1 < 0 or q_start + R + k - 2 >= Lk:  # some interior bucket of this tile has no key
+        interior = interior.masked_fill(outside, 0.0)
+    below, upper = edge_masks(R, w.dtype, w.device) if masks is None else (m[:R, :R] for m in masks)
+
+    def edge(all_rows: slice, tri_start: int, tri: torch.Tensor) -> torch.Tensor:
+        """sum of w over the keys of all_rows, plus the triangle tri on keys tri_start .. tri_start + R - 1."""
+        a, z = max(all_rows.start, 0), min(all_rows.stop, Lk)
+        total = w[..., a:z].sum(dim=-1) if a < z else w.new_zeros(B, H, R)
+        a, z = max(tri_start, 0), min(tri_start + R, Lk)
+        if a < z:
+            total = total + torch.linalg.vecdot(w[..., a:z], tri[:, a - tri_start: z - tri_start])
+        return total.unsqueeze(-1)
+
+    left = edge(slice(0, q_start - k + 1), q_start - k + 1, below)
+    right = edge(slice(q_start + R + k, Lk), q_start + k, upper)
     return torch.cat([left, interior, right], dim=-1)
