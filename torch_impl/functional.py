@@ -284,6 +284,10 @@ def _explicit(spec, p, q, k, v, *, mask, bias, delta, allowed, default_positions
     shaw_rows = None
     if isinstance(spec.relative, Shaw) and "rel_k" in p:  # SHAW-3: q @ rel_k.T is small, (B, H, Lq, 2k + 1)
         shaw_rows = rel.rows_logits(q_rel, p["rel_k"])
+    longest = max(t.q1 - t.q0 for t in _flat(grid))
+    future = None
+    if spec.causal and default_positions:
+        future = torch.ones(longest, longest, dtype=torch.bool, device=q.device).triu_(1)
     outs, weights = [], []
     for t in _flat(grid):
         tables = {n: (x[t.h] if x.dim() == 3 else x) for n, x in p.items() if n in ("rel_k", "rel_v")}
@@ -291,6 +295,7 @@ def _explicit(spec, p, q, k, v, *, mask, bias, delta, allowed, default_positions
         o, w = _explicit_tile(spec, tables, q_s[part], q_rel[part], k[t.b, t.h, :t.k1], v[t.b, t.h, :t.k1],
                               shaw_rows=None if shaw_rows is None else shaw_rows[part], edge_masks=edge_masks,
                               band=None if band is None or t.k1 < Lk else tuple(x[t.q0:t.q1] for x in band),
+                              future=future,
                               mask=_cut(mask, t, 2), bias=_cut(bias, t, 2), allowed=_cut(allowed, t, 2),
                               dropout_keep=_cut(dropout_keep, t, 2),
                               indices=_Indices(*(_cut(x, t, 1) for x in indices)),
@@ -316,27 +321,32 @@ def _join(grid: list, parts: list) -> torch.Tensor:
     return cat((cat((cat((next(parts) for _ in heads), 2) for heads in group), 1) for group in grid), 0)
 
 
-def _explicit_tile(spec, tables, q_s, q_rel, k, v, *, shaw_rows, edge_masks, band, mask, bias, allowed,
+def _explicit_tile(spec, tables, q_s, q_rel, k, v, *, shaw_rows, edge_masks, band, future, mask, bias, allowed,
                    dropout_keep, indices, default_positions, q_start, return_weights):
     """One tile: logits and softmax in float32 for the 16-bit dtypes (PREC-4).
 
     q_s: the scaled queries; q_rel: the queries the relative term sees
     (SCALE-3); shaw_rows: their Shaw table logits, when there are any;
-    edge_masks, band: the triangles and interior index of the banded Shaw value buckets.
+    edge_masks, band: the triangles and interior index of the banded Shaw value buckets;
+    future: ``c > r`` for r, c < the longest tile (the keys after the diagonal).
     """
     Lk = k.shape[2]
     dtype = q_s.dtype
     stat = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    every_row_has_a_key = mask is None and bias is None and default_positions
+    # CAUSAL-1 alone, top-left: only the keys after the diagonal of this tile's last
+    # queries are disallowed, in the block of keys q_start .. Lk - 1
+    causal_block = spec.causal and every_row_has_a_key and spec.mask_fill is None
     term = None
     if "rel_k" in tables:
         term = _relative_key_term(spec, tables, q_rel, shaw_rows, default_positions, indices, q_start, Lk)
     logits = _content_logits(q_s, k, term, stat)
     if bias is not None:
         logits = logits + bias.to(stat)  # BIAS-1, SCALE-4
-    every_row_has_a_key = mask is None and bias is None and default_positions
-    if (every_row_has_a_key and spec.mask_fill is None and spec.causal and term is not None
-            and not isinstance(spec.relative, Shaw)):
-        allowed = None  # the Huang skew term already holds -inf at every key CAUSAL-1 disallows
+    if causal_block:
+        if term is None or isinstance(spec.relative, Shaw):  # (a causal Huang skew term holds the -inf already)
+            _disallow_after_diagonal(logits, q_start, future)
+        allowed = None
     weights = _masked_softmax(logits, allowed, spec.mask_fill, every_row_has_a_key)
     del logits, term  # free the (Lq, Lk) buffers before the value side (autograd keeps what it needs)
     dropped = weights
@@ -351,6 +361,18 @@ def _explicit_tile(spec, tables, q_s, q_rel, k, v, *, shaw_rows, edge_masks, ban
         table = tables["rel_v"]
         o = o + buckets.to(dtype) @ (table if table.dim() == 2 else table.unsqueeze(0))
     return o, (weights.to(dtype) if return_weights else None)
+
+
+def _disallow_after_diagonal(logits: torch.Tensor, q_start: int, future: torch.Tensor) -> None:
+    """CAUSAL-1 with default positions, in place: logits of keys j > i become -inf.
+
+    logits hold queries i = q_start .. q_start + R - 1; only keys q_start + 1 ..
+    q_start + R - 1 can lie after some query's diagonal (every earlier key is
+    allowed for all of them), so only the (R, Lk - q_start) block is touched.
+    """
+    R, Lk = logits.shape[-2:]
+    if q_start + 1 < Lk:
+        logits[..., q_start:].masked_fill_(future[:R, : Lk - q_start], float("-inf"))
 
 
 def _fused(spec, q, k, v, allowed, bias, default_causal: bool) -> torch.Tensor:
