@@ -82,13 +82,16 @@ class _Indices(NamedTuple):
 
     index: Optional[torch.Tensor] = None  # SHAW-2 or HUANG-2 table row of every (query, key)
     valid: Optional[torch.Tensor] = None  # HUANG-3: |delta| <= max_len - 1
+    band: Optional[torch.Tensor] = None  # SHAW-2, default positions: the index near the diagonal of any tile
 
 
-def _indices(spec, delta, default_positions: bool) -> _Indices:
+def _indices(spec, delta, default_positions: bool, rows: int, device) -> _Indices:
+    """``rows``: the most queries of a tile."""
     r = spec.relative
     if isinstance(r, Shaw):
-        index = rel.shaw_index(delta, r.max_distance) if r.keys or not default_positions else None
-        return _Indices(index=index)
+        if default_positions:  # SHAW-3 by broadcasts and a small gather, SHAW-4 banded: no (Lq, Lk) index
+            return _Indices(band=rel.shaw_band_index(rows, r.max_distance, device) if r.keys else None)
+        return _Indices(index=rel.shaw_index(delta, r.max_distance))
     if r is not None and not default_positions:  # Huang with explicit positions: the gather
         index, valid = rel.huang_index(delta, r.max_len)
         return _Indices(index=index, valid=valid)
@@ -105,6 +108,8 @@ def _relative_key_term(spec, params, q, shaw_rows, default_positions: bool, ix: 
     r = spec.relative
     table = params["rel_k"]
     if isinstance(r, Shaw):  # SHAW-3
+        if default_positions:
+            return rel.shaw_key_term_banded(shaw_rows, q_start, Lk, r.max_distance, ix.band)
         return rel.gather_rows(shaw_rows, ix.index)
     if default_positions:  # HUANG-4: skew over the reachable rows
         return rel.huang_skew_term(q, table, q_start, Lk, r.max_len, causal=spec.causal)
@@ -177,7 +182,9 @@ def attention(spec: AttentionSpec, params: dict, query: torch.Tensor, key: Optio
     device = query.device
     p = params
 
-    need_delta = spec.causal or spec.relative is not None
+    default_positions = q_positions is None and k_positions is None
+    # the distances feed the causal rule, and index tables where the positions are explicit
+    need_delta = spec.causal or (spec.relative is not None and not default_positions)
     q_pos = _positions(q_positions, Lq, device) if need_delta else None
     k_pos = _positions(k_positions, Lk, device) if need_delta else None
     delta = (k_pos.unsqueeze(1) - q_pos.unsqueeze(2)) if need_delta else None  # POS-2, (1|B, Lq, Lk)
@@ -268,15 +275,16 @@ def _explicit(spec, p, q, k, v, *, mask, bias, delta, allowed, default_positions
     B, H, Lq, _ = q.shape
     Lk = k.shape[2]
     stat = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype  # PREC-4
-    indices = _indices(spec, delta, default_positions)
     causal_prefix = spec.causal and default_positions and spec.mask_fill is None
     banded = spec.relative is not None and default_positions  # Huang skew, Shaw banded value buckets
     on_cpu = q.device.type == "cpu"  # a tuning choice only: every tile follows the inputs' device
     grid = _tiles(B, H, Lq, Lk, causal_prefix, short_rows=on_cpu and (causal_prefix or banded),
                   budget=TILE_ELEMENTS if on_cpu else ACCELERATOR_TILE_ELEMENTS)
+    longest = max(t.q1 - t.q0 for t in _flat(grid))
+    indices = _indices(spec, delta, default_positions, longest, q.device)
     edge_masks = band = None
     if isinstance(spec.relative, Shaw) and spec.relative.values and default_positions:  # SHAW-4, banded
-        edge_masks = rel.edge_masks(max(t.q1 - t.q0 for t in _flat(grid)), stat, q.device)
+        edge_masks = rel.edge_masks(longest, stat, q.device)
         if spec.relative.max_distance > 0:
             band = rel.band_index(Lq, Lk, spec.relative.max_distance, q.device)
     q_s = q * spec.effective_scale  # SCALE-2 folded into the query: a (B, H, Lq, d) pass, not (Lq, Lk)
@@ -284,7 +292,6 @@ def _explicit(spec, p, q, k, v, *, mask, bias, delta, allowed, default_positions
     shaw_rows = None
     if isinstance(spec.relative, Shaw) and "rel_k" in p:  # SHAW-3: q @ rel_k.T is small, (B, H, Lq, 2k + 1)
         shaw_rows = rel.rows_logits(q_rel, p["rel_k"])
-    longest = max(t.q1 - t.q0 for t in _flat(grid))
     future = None
     if spec.causal and default_positions:
         future = torch.ones(longest, longest, dtype=torch.bool, device=q.device).triu_(1)
@@ -298,7 +305,8 @@ def _explicit(spec, p, q, k, v, *, mask, bias, delta, allowed, default_positions
                               future=future,
                               mask=_cut(mask, t, 2), bias=_cut(bias, t, 2), allowed=_cut(allowed, t, 2),
                               dropout_keep=_cut(dropout_keep, t, 2),
-                              indices=_Indices(*(_cut(x, t, 1) for x in indices)),
+                              indices=indices._replace(index=_cut(indices.index, t, 1),
+                                                       valid=_cut(indices.valid, t, 1)),
                               default_positions=default_positions, q_start=t.q0, return_weights=return_weights)
         outs.append(o)
         if return_weights:

@@ -98,6 +98,42 @@ def skew(r: torch.Tensor, Lk: int) -> torch.Tensor:
     return flat.reshape(B, H, Lq, W - 1)[..., :Lk]
 
 
+def shaw_band_index(rows: int, max_distance: int, device) -> torch.Tensor:
+    """SHAW-2 for a tile of queries q0 .. q0 + rows - 1 and keys q0 - k + 1 .. q0 + rows + k - 2.
+
+    (rows, rows + 2k - 2): entry [i', c] is clip(c - i' - k + 1, -k, k) + k,
+    the same for every q0 (the index depends on j - i only).
+    """
+    k = max_distance
+    c = torch.arange(max(rows + 2 * k - 2, 0), device=device) - torch.arange(rows, device=device).unsqueeze(1) - k + 1
+    return c.clamp_(-k, k).add_(k)
+
+
+def shaw_key_term_banded(r: torch.Tensor, q_start: int, Lk: int, max_distance: int,
+                         band: torch.Tensor) -> torch.Tensor:
+    """SHAW-3 for default positions: the (B, H, R, Lk) key term of queries q_start .. q_start + R - 1.
+
+    r: (B, H, R, 2k + 1) table logits. Keys up to q_start - k are at distance
+    <= -k from every query of the tile (row 0 of the table), keys from
+    q_start + R + k - 1 on at distance >= k (row 2k): both are broadcast
+    copies. Only the R + 2k - 2 keys between them need a gather, through
+    ``band = shaw_band_index(R_max, k)``. No (Lq, Lk) index is read.
+    """
+    B, H, R, _ = r.shape
+    k = max_distance
+    a, b = q_start - k + 1, q_start + R + k - 1  # the keys between the two clipped regions
+    lo = min(max(a, 0), Lk)
+    hi = max(min(b, Lk), lo)  # (with k = 0, a > b: no keys between)
+    parts = []
+    if lo > 0:
+        parts.append(r[..., :1].expand(B, H, R, lo))
+    if hi > lo:
+        parts.append(torch.gather(r, -1, band[:R, lo - a: hi - a].expand(B, H, R, hi - lo)))
+    if Lk > hi:
+        parts.append(r[..., -1:].expand(B, H, R, Lk - hi))
+    return parts[0].contiguous() if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+
 def band_index(Lq: int, Lk: int, max_distance: int, device) -> tuple:
     """The interior buckets of ``bucket_sums_banded`` for queries 0 .. Lq - 1: (key of each, clamped into
     0 .. Lk - 1; where that key does not exist), both (Lq, 2k - 1). Tiles slice their rows."""
