@@ -110,6 +110,17 @@ def test_canonical_round_trip_is_exact(dtype):
     assert np.array_equal(params["wq"].astype(np.float64), m.q_proj.weight.detach().double().numpy().T)
 
 
+def test_the_whole_conformance_run_passes_with_tiny_tiles(capsys):
+    """Every case, dtype, gradient and exact check of the torch adapter, with tiles of 2 or 3 queries."""
+    from conformance import cli
+
+    with tiny_tiles():
+        code = cli.main(["run", "--adapter", "torch", "--device", "cpu", "--no-progress"])
+    out = capsys.readouterr().out
+    assert code == 0, out[-3000:]
+    assert re.search(r"\b[1-9]\d* passed, 0 failed, 0 expected deviations, 0 skipped", out), out[-1000:]
+
+
 @pytest.mark.parametrize("relative", [Shaw(3), Huang(200), None], ids=["shaw", "huang", "none"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 def test_default_tiles_at_a_length_that_splits_them_match_the_reference(relative, causal):
