@@ -32,18 +32,19 @@ def bucket_sums(w, index, num_rows: int):
     return out.reshape(B, H, Lq, num_rows)
 
 
-def bucket_sums_banded(w, max_distance: int):
+def bucket_sums_banded(w, max_distance: int, q_start: int = 0):
     """SHAW-4 for default positions (delta = j - i), without a scatter.
 
     Interior rows (|c| < k) are the entries w[i, i + c]: one small gather of
     (Lq, 2k - 1) columns. The edge rows S[i, 0] (j - i <= -k) and S[i, 2k]
     (j - i >= k) are masked row sums, which XLA fuses into one read of w.
+    w holds queries q_start .. q_start + Lq - 1.
     """
     B, H, Lq, Lk = w.shape
     k = max_distance
     if k == 0:
         return jnp.sum(w, axis=-1, keepdims=True)
-    i = jnp.arange(Lq)[:, None]
+    i = jnp.arange(q_start, q_start + Lq)[:, None]
     cols = i + jnp.arange(-k + 1, k)  # (Lq, 2k - 1) key of each interior bucket
     inside = (cols >= 0) & (cols < Lk)
     interior = jnp.take_along_axis(w, jnp.broadcast_to(jnp.clip(cols, 0, Lk - 1), (B, H, Lq, 2 * k - 1)), axis=-1)
@@ -79,19 +80,21 @@ def distance_rows(table, first: int, count: int, max_len: int):
     return jnp.pad(table[..., a: b + 1, :], pad)
 
 
-def huang_skew_term(q, table, Lk: int, max_len: int, causal: bool):
-    """HUANG-4 with default positions: one matmul with the rows of every reachable distance, then the skew.
+def huang_skew_term(q, table, Lk: int, max_len: int, causal: bool, q_start: int = 0):
+    """HUANG-4 with default positions for queries q_start .. q_start + Lq - 1 and keys 0 .. Lk - 1.
 
-    Column m of the product holds distance m - (Lq - 1). ``causal``: only
-    distances <= 0 are multiplied (Lq table rows, not Lq + Lk - 1); the
-    columns of positive distances are -inf, so the term carries CAUSAL-1.
+    One matmul with the rows of every reachable distance, then the skew.
+    Column m of the product holds distance m - (q_start + Lq - 1).
+    ``causal``: only distances <= 0 are multiplied; the columns of positive
+    distances are -inf, so the term carries CAUSAL-1.
     """
     Lq = q.shape[-2]
+    first = -(q_start + Lq - 1)  # the distance of column 0
     width = Lq + Lk - 1
     if not causal:
-        return skew(rows_logits(q, distance_rows(table, -(Lq - 1), width, max_len)), Lk)
-    n = min(width, Lq)  # distances -(Lq - 1) .. 0
-    r = rows_logits(q, distance_rows(table, -(Lq - 1), n, max_len))
+        return skew(rows_logits(q, distance_rows(table, first, width, max_len)), Lk)
+    n = min(width, 1 - first)  # distances first .. 0
+    r = rows_logits(q, distance_rows(table, first, n, max_len))
     if width > n:
         r = jnp.concatenate([r, jnp.full(r.shape[:-1] + (width - n,), -jnp.inf, r.dtype)], axis=-1)
     return skew(r, Lk)

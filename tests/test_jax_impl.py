@@ -67,6 +67,50 @@ def test_forward_and_gradients_match_the_reference_in_float64(device, seed):
     assert next(iter(out.devices())).platform == device
 
 
+@settings(max_examples=15)  # each example compiles its own program
+@given(seed=st.integers(0, 2**32 - 1))
+def test_causal_query_tiles_of_two_match_the_reference(seed):
+    """With QUERY_TILE_ROWS = 2 every plain causal call of 4 or more queries goes through the tiles."""
+    from unittest import mock
+
+    from jax_impl import functional
+
+    call = random_call(seed)
+    params = {n: jnp.asarray(a) for n, a in call.params.items()}
+    kwargs = {n: jnp.asarray(a) for n, a in call.kwargs.items()}
+    fwd = jax.jit(lambda p, x, k, v, kw: jax_impl.attention(call.spec, p, x, k, v, **kw, return_weights=True))
+    with mock.patch.object(functional, "QUERY_TILE_ROWS", 2):
+        out, w = fwd(params, jnp.asarray(call.query), jnp.asarray(call.key), jnp.asarray(call.value), kwargs)
+    ref_out, ref_w = numpy_ref.attention(*call.args(), **call.kwargs, return_weights=True)
+    np.testing.assert_allclose(np.asarray(out), ref_out, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(np.asarray(w), ref_w, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("relative", [Shaw(3), Huang(300), None], ids=["shaw", "huang", "none"])
+def test_causal_query_tiles_at_a_length_that_splits_them_match_the_reference(relative):
+    """Lq = 520: three query tiles of at most QUERY_TILE_ROWS, each attending only keys up to its last query."""
+    from jax_impl import functional
+
+    assert 520 >= 2 * functional.QUERY_TILE_ROWS
+    spec = AttentionSpec(1, 4, relative=relative, causal=True, dropout=0.25)
+    params = numpy_ref.init_params(spec, 1)
+    rng = np.random.default_rng(2)
+    x, keep, g = rng.normal(size=(1, 520, 4)), rng.random((1, 1, 520, 520)) < 0.75, rng.normal(size=(1, 520, 4))
+
+    def f(p, x):
+        return jax_impl.attention(spec, p, x, dropout_keep=jnp.asarray(keep), return_weights=True)
+
+    (out, pullback, w) = jax.vjp(f, {n: jnp.asarray(a) for n, a in params.items()}, jnp.asarray(x), has_aux=True)
+    g_params, g_x = pullback(jnp.asarray(g))
+    ref_out, ref_w = numpy_ref.attention(spec, params, x, dropout_keep=keep, return_weights=True)
+    np.testing.assert_allclose(np.asarray(out), ref_out, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(np.asarray(w), ref_w, rtol=0, atol=1e-12)
+    ref = numpy_ref.attention_vjp(spec, params, x, x, x, g, dropout_keep=keep)
+    for name, got in {**g_params, "self-attention input": g_x}.items():
+        expected = ref[name] if name in ref else ref["query"] + ref["key"] + ref["value"]
+        np.testing.assert_allclose(np.asarray(got), expected, rtol=0, atol=1e-11, err_msg=name)
+
+
 def test_jit_compiles_once_per_shape():
     spec = AttentionSpec(2, 4, relative=Shaw(2), causal=True)
     traces = []
