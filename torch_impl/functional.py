@@ -30,6 +30,7 @@ from spec import AttentionSpec, Shaw
 
 from . import _checks
 from . import relative as rel
+from ._workspace import Workspace, take
 
 
 def _split(x: torch.Tensor, H: int) -> torch.Tensor:
@@ -98,53 +99,60 @@ def _indices(spec, delta, default_positions: bool, rows: int, device) -> _Indice
     return _Indices()
 
 
-def _relative_key_term(spec, params, q, shaw_rows, default_positions: bool, ix: _Indices, q_start: int, Lk: int):
+def _relative_key_term(spec, params, q, shaw_rows, default_positions: bool, ix: _Indices, q_start: int, Lk: int,
+                       ws=None):
     """REL-1: the relative key logits (B, H, Lq, Lk) from a query already scaled by s_rel.
 
     With default positions (delta = j - i) the Huang term is the skew, which
     reads no index tensor; when causal it carries -inf at the keys CAUSAL-1
-    disallows.
+    disallows. ``ws``: a Workspace, when no gradient is recorded.
     """
     r = spec.relative
     table = params["rel_k"]
     if isinstance(r, Shaw):  # SHAW-3
         if default_positions:
-            return rel.shaw_key_term_banded(shaw_rows, q_start, Lk, r.max_distance, ix.band)
+            out = take(ws, "logits", shaw_rows.shape[:-1] + (Lk,), shaw_rows.dtype)
+            return rel.shaw_key_term_banded(shaw_rows, q_start, Lk, r.max_distance, ix.band, out)
         return rel.gather_rows(shaw_rows, ix.index)
     if default_positions:  # HUANG-4: skew over the reachable rows
-        return rel.huang_skew_term(q, table, q_start, Lk, r.max_len, causal=spec.causal)
+        return rel.huang_skew_term(q, table, q_start, Lk, r.max_len, causal=spec.causal, ws=ws)
     term = rel.gather_rows(rel.rows_logits(q, table), ix.index)  # HUANG-4: gather
     return term.masked_fill(~ix.valid.unsqueeze(1), 0.0)
 
 
-def _content_logits(q_s, k, term, stat):
+def _content_logits(q_s, k, term, stat, ws=None):
     """s * q @ k.T (+ the relative term), in the statistics dtype.
 
     In the input dtype the relative term is the accumulator of one batched
-    matmul (baddbmm), which saves a pass over the (Lq, Lk) logits.
+    matmul (baddbmm), which saves a pass over the (Lq, Lk) logits. With a
+    Workspace (no gradient recorded) the result goes to its "logits" slot,
+    or accumulates into the term where the term already lives there.
     """
     B, H, Lq, d = q_s.shape
     Lk = k.shape[2]
     if term is not None and term.dtype == stat:
         q3, k3 = q_s.reshape(B * H, Lq, d), k.reshape(B * H, Lk, d).transpose(1, 2)
-        if not torch.is_grad_enabled() and term.is_contiguous():
-            # inference: accumulate into the term itself, one (Lq, Lk) buffer fewer
+        if ws is not None and term.is_contiguous():  # accumulate into the term itself
             return term.view(B * H, Lq, Lk).baddbmm_(q3, k3).view(B, H, Lq, Lk)
+        out = take(ws, "logits", (B * H, Lq, Lk), stat)
+        if out is not None:
+            return torch.baddbmm(term.reshape(B * H, Lq, Lk), q3, k3, out=out).view(B, H, Lq, Lk)
         return torch.baddbmm(term.reshape(B * H, Lq, Lk), q3, k3).view(B, H, Lq, Lk)
     logits = (q_s @ k.transpose(-1, -2)).to(stat)
     return logits if term is None else logits + term.to(stat)
 
 
 def _masked_softmax(logits: torch.Tensor, allowed: Optional[torch.Tensor], mask_fill,
-                    every_row_has_a_key: bool = False) -> torch.Tensor:
+                    every_row_has_a_key: bool = False, out=None) -> torch.Tensor:
     """SOFTMAX-1 with MASK-5 (exact zeros) or MASK-6 (replace by mask_fill).
 
     ``every_row_has_a_key``: the caller knows no row is fully masked (only a
     top-left causal rule with default positions: key 0 is always allowed), so
-    the plain softmax of -inf-filled logits is exact and NaN-free.
+    the plain softmax of -inf-filled logits is exact and NaN-free. ``out``:
+    where the plain softmax may write (a Workspace slot), or None.
     """
     if allowed is None:
-        return torch.softmax(logits, dim=-1)
+        return torch.softmax(logits, dim=-1) if out is None else torch.softmax(logits, dim=-1, out=out)
     if every_row_has_a_key and mask_fill is None:
         return torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
     if mask_fill is not None:
@@ -295,6 +303,9 @@ def _explicit(spec, p, q, k, v, *, mask, bias, delta, allowed, default_positions
     future = None
     if spec.causal and default_positions:
         future = torch.ones(longest, longest, dtype=torch.bool, device=q.device).triu_(1)
+    records_grad = torch.is_grad_enabled() and any(
+        x is not None and x.requires_grad for x in (q, k, v, bias, p.get("rel_k"), p.get("rel_v")))
+    ws = None if records_grad or return_weights else Workspace(q.device)  # returned weights must stay
     outs, weights = [], []
     for t in _flat(grid):
         tables = {n: (x[t.h] if x.dim() == 3 else x) for n, x in p.items() if n in ("rel_k", "rel_v")}
@@ -302,7 +313,7 @@ def _explicit(spec, p, q, k, v, *, mask, bias, delta, allowed, default_positions
         o, w = _explicit_tile(spec, tables, q_s[part], q_rel[part], k[t.b, t.h, :t.k1], v[t.b, t.h, :t.k1],
                               shaw_rows=None if shaw_rows is None else shaw_rows[part], edge_masks=edge_masks,
                               band=None if band is None or t.k1 < Lk else tuple(x[t.q0:t.q1] for x in band),
-                              future=future,
+                              future=future, ws=ws,
                               mask=_cut(mask, t, 2), bias=_cut(bias, t, 2), allowed=_cut(allowed, t, 2),
                               dropout_keep=_cut(dropout_keep, t, 2),
                               indices=indices._replace(index=_cut(indices.index, t, 1),
@@ -329,14 +340,15 @@ def _join(grid: list, parts: list) -> torch.Tensor:
     return cat((cat((cat((next(parts) for _ in heads), 2) for heads in group), 1) for group in grid), 0)
 
 
-def _explicit_tile(spec, tables, q_s, q_rel, k, v, *, shaw_rows, edge_masks, band, future, mask, bias, allowed,
+def _explicit_tile(spec, tables, q_s, q_rel, k, v, *, shaw_rows, edge_masks, band, future, ws, mask, bias, allowed,
                    dropout_keep, indices, default_positions, q_start, return_weights):
     """One tile: logits and softmax in float32 for the 16-bit dtypes (PREC-4).
 
     q_s: the scaled queries; q_rel: the queries the relative term sees
     (SCALE-3); shaw_rows: their Shaw table logits, when there are any;
     edge_masks, band: the triangles and interior index of the banded Shaw value buckets;
-    future: ``c > r`` for r, c < the longest tile (the keys after the diagonal).
+    future: ``c > r`` for r, c < the longest tile (the keys after the diagonal);
+    ws: a Workspace for the (queries, keys) intermediates, or None where a gradient is recorded.
     """
     Lk = k.shape[2]
     dtype = q_s.dtype
@@ -347,15 +359,16 @@ def _explicit_tile(spec, tables, q_s, q_rel, k, v, *, shaw_rows, edge_masks, ban
     causal_block = spec.causal and every_row_has_a_key and spec.mask_fill is None
     term = None
     if "rel_k" in tables:
-        term = _relative_key_term(spec, tables, q_rel, shaw_rows, default_positions, indices, q_start, Lk)
-    logits = _content_logits(q_s, k, term, stat)
+        term = _relative_key_term(spec, tables, q_rel, shaw_rows, default_positions, indices, q_start, Lk, ws)
+    logits = _content_logits(q_s, k, term, stat, ws)
     if bias is not None:
         logits = logits + bias.to(stat)  # BIAS-1, SCALE-4
     if causal_block:
         if term is None or isinstance(spec.relative, Shaw):  # (a causal Huang skew term holds the -inf already)
             _disallow_after_diagonal(logits, q_start, future)
         allowed = None
-    weights = _masked_softmax(logits, allowed, spec.mask_fill, every_row_has_a_key)
+    weights = _masked_softmax(logits, allowed, spec.mask_fill, every_row_has_a_key,
+                              out=take(ws, "weights", logits.shape, logits.dtype))
     del logits, term  # free the (Lq, Lk) buffers before the value side (autograd keeps what it needs)
     dropped = weights
     if dropout_keep is not None:  # DROP-1

@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import torch
 
+from ._workspace import take
 
-def rows_logits(q: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+
+def rows_logits(q: torch.Tensor, table: torch.Tensor, out=None) -> torch.Tensor:
     """q @ table.T per head: (B, H, Lq, d) x (R, d) | (H, R, d) | (b, 1|H, R, d) -> (B, H, Lq, R)."""
     if table.dim() == 3:
         table = table.unsqueeze(0)
-    return q @ table.transpose(-1, -2)
+    if out is None:
+        return q @ table.transpose(-1, -2)
+    return torch.matmul(q, table.transpose(-1, -2), out=out)
 
 
 def gather_rows(r: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -61,7 +65,7 @@ def distance_rows(table: torch.Tensor, first: int, count: int, max_len: int) -> 
 
 
 def huang_skew_term(q: torch.Tensor, table: torch.Tensor, q_start: int, Lk: int, max_len: int,
-                    causal: bool) -> torch.Tensor:
+                    causal: bool, ws=None) -> torch.Tensor:
     """HUANG-4 with default positions for queries q_start .. q_start + Lq - 1 and keys 0 .. Lk - 1.
 
     One matmul of the queries with the table rows of every distance they can
@@ -69,17 +73,21 @@ def huang_skew_term(q: torch.Tensor, table: torch.Tensor, q_start: int, Lk: int,
     m - (q_start + Lq - 1). ``causal``: only distances <= 0 are computed; the
     columns of positive distances are -inf, so the term itself carries the
     causal rule (CAUSAL-1) and the matmul covers only distances <= 0.
+    ``ws``: a Workspace for the (Lq, width) products, or None.
     """
     Lq = q.shape[-2]
     first = -(q_start + Lq - 1)  # the distance of column 0
     width = Lq + Lk - 1
     if not causal:
         width += -width % 16  # zero rows up to a multiple of 16: never read, and the matmul is faster
-        return skew(rows_logits(q, distance_rows(table, first, width, max_len)), Lk)
+        out = take(ws, "rows", q.shape[:-1] + (width,), q.dtype)
+        return skew(rows_logits(q, distance_rows(table, first, width, max_len), out), Lk)
     n = min(width, 1 - first)  # distances first .. 0
-    r = rows_logits(q, distance_rows(table, first, n, max_len))
+    r = rows_logits(q, distance_rows(table, first, n, max_len), take(ws, "rows", q.shape[:-1] + (n,), q.dtype))
     if width > n:
-        r = torch.cat([r, r.new_full(r.shape[:-1] + (width - n,), float("-inf"))], dim=-1)
+        parts = [r, r.new_full(r.shape[:-1] + (width - n,), float("-inf"))]
+        out = take(ws, "rows_padded", q.shape[:-1] + (width,), q.dtype)
+        r = torch.cat(parts, dim=-1) if out is None else torch.cat(parts, dim=-1, out=out)
     return skew(r, Lk)
 
 
@@ -109,8 +117,8 @@ def shaw_band_index(rows: int, max_distance: int, device) -> torch.Tensor:
     return c.clamp_(-k, k).add_(k)
 
 
-def shaw_key_term_banded(r: torch.Tensor, q_start: int, Lk: int, max_distance: int,
-                         band: torch.Tensor) -> torch.Tensor:
+def shaw_key_term_banded(r: torch.Tensor, q_start: int, Lk: int, max_distance: int, band: torch.Tensor,
+                         out=None) -> torch.Tensor:
     """SHAW-3 for default positions: the (B, H, R, Lk) key term of queries q_start .. q_start + R - 1.
 
     r: (B, H, R, 2k + 1) table logits. Keys up to q_start - k are at distance
@@ -118,6 +126,7 @@ def shaw_key_term_banded(r: torch.Tensor, q_start: int, Lk: int, max_distance: i
     q_start + R + k - 1 on at distance >= k (row 2k): both are broadcast
     copies. Only the R + 2k - 2 keys between them need a gather, through
     ``band = shaw_band_index(R_max, k)``. No (Lq, Lk) index is read.
+    ``out``: where to write the term, or None.
     """
     B, H, R, _ = r.shape
     k = max_distance
@@ -131,6 +140,8 @@ def shaw_key_term_banded(r: torch.Tensor, q_start: int, Lk: int, max_distance: i
         parts.append(torch.gather(r, -1, band[:R, lo - a: hi - a].expand(B, H, R, hi - lo)))
     if Lk > hi:
         parts.append(r[..., -1:].expand(B, H, R, Lk - hi))
+    if out is not None:
+        return out.copy_(parts[0]) if len(parts) == 1 else torch.cat(parts, dim=-1, out=out)
     return parts[0].contiguous() if len(parts) == 1 else torch.cat(parts, dim=-1)
 
 
