@@ -66,6 +66,9 @@ def check_against_reference(device, seed):
     # the gradient path without weights may take the fused kernel: check it too
     out2 = torch_impl.attention(call.spec, params, q, k, v, **kw)
     np.testing.assert_allclose(out2.detach().cpu().numpy(), ref_out, rtol=0, atol=1e-12)
+    with torch.no_grad():  # no gradient recorded: the tiles reuse their buffers
+        out3 = torch_impl.attention(call.spec, params, q, k, v, **kw)
+    np.testing.assert_allclose(out3.cpu().numpy(), ref_out, rtol=0, atol=1e-12)
     out2.backward(torch.as_tensor(g, device=device))
     ref = numpy_ref.attention_vjp(*call.args(), g, **call.kwargs)
     got = {"query": q.grad, "key": k.grad, "value": v.grad, **{n: p.grad for n, p in params.items()}}
@@ -137,6 +140,10 @@ def test_default_tiles_at_a_length_that_splits_them_match_the_reference(relative
     ref, ref_w = numpy_ref.attention(spec, params, x, dropout_keep=keep, return_weights=True)
     np.testing.assert_allclose(got.numpy(), ref, rtol=0, atol=1e-12)
     np.testing.assert_allclose(w.numpy(), ref_w, rtol=0, atol=1e-12)
+    with torch.no_grad():  # no weights returned, no gradient recorded: reused tile buffers
+        again = torch_impl.attention(spec, {n: torch.as_tensor(a) for n, a in params.items()}, torch.as_tensor(x),
+                                     dropout_keep=torch.as_tensor(keep))
+    np.testing.assert_allclose(again.numpy(), ref, rtol=0, atol=1e-12)
 
 
 def test_module_matches_functional_and_reference():
