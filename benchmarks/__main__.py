@@ -242,10 +242,10 @@ def main(argv=None) -> int:
     mem_ours = next((m["peak_mb"] for m in memory if m["impl"] == "torch_impl" and m["scheme"] == "shaw"
                      and m["L"] == 2048), None)
     mem_seed = next((m["peak_mb"] for m in memory if m["impl"] == "shaw seed (naive)" and m["L"] == 2048), None)
-    if mem_ours and mem_seed:
+    if mem_ours is not None and mem_seed is not None:
+        ratio = mem_seed / max(mem_ours, 1.0)  # growth below 1 MiB counts as 1 MiB
         targets.append({"name": "Shaw peak memory, materialised-table baseline / torch_impl (x), L=2048",
-                        "limit": ">= 4", "measured": mem_seed / mem_ours,
-                        "holds": "yes" if mem_seed / mem_ours >= 4 else "NO"})
+                        "limit": ">= 4", "measured": ratio, "holds": "yes" if ratio >= 4 else "NO"})
     result = {
         "environment": {"machine": platform.processor() or platform.machine(), "platform": platform.platform(),
                         "cpus": os.cpu_count(), "python": platform.python_version(), **versions},

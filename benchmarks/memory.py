@@ -1,9 +1,12 @@
 """Peak memory of one forward pass, measured in a fresh process.
 
 ``python -m benchmarks.memory torch|jax IMPL SCHEME L DEVICE`` prints the
-growth of peak memory during one forward call, in MiB: resident set size on
-the CPU (``ru_maxrss``), allocator peak on a GPU. A warm-up call on a short
-sequence first, so that libraries and kernels are not counted.
+growth of peak memory during one forward call, in MiB: on the CPU the peak
+resident set size during the call minus the resident set size just before
+it (Linux: the peak is reset first through /proc/self/clear_refs, so memory
+freed before the call does not hide the call's own peak; elsewhere the
+process-lifetime ``ru_maxrss``), the allocator peak on a GPU. A warm-up call
+on a short sequence first, so that libraries and kernels are not counted.
 """
 
 from __future__ import annotations
@@ -13,8 +16,35 @@ import resource
 import sys
 
 
-def rss_mib() -> float:
+def _status_mib(field: str):
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024.0  # kB
+    except OSError:
+        return None
+    return None
+
+
+def start_peak() -> float:
+    """Reset the peak resident set size where the OS allows it; returns the size now (MiB)."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")  # Linux: reset the peak RSS to the current RSS
+        now = _status_mib("VmRSS")
+        if now is not None:
+            return now
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux reports KiB
+
+
+def peak_since(start: float) -> float:
+    peak = _status_mib("VmHWM")
+    if peak is None:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    return peak - start
 
 
 def torch_peak(impl: str, scheme: str, L: int, device: str) -> float:
@@ -33,9 +63,9 @@ def torch_peak(impl: str, scheme: str, L: int, device: str) -> float:
             layer(x)
             torch.cuda.synchronize()
             return (torch.cuda.max_memory_allocated() - base) / 2**20
-        before = rss_mib()
+        start = start_peak()
         layer(x)
-        return rss_mib() - before
+        return peak_since(start)
 
 
 def jax_peak(impl: str, scheme: str, L: int, device: str) -> float:
@@ -59,9 +89,9 @@ def jax_peak(impl: str, scheme: str, L: int, device: str) -> float:
     f(p, x).block_until_ready()
     f, p, x = make(L)
     compiled = f.lower(p, x).compile()  # compile outside the measured call
-    before = rss_mib()
+    start = start_peak()
     compiled(p, x).block_until_ready()
-    return rss_mib() - before
+    return peak_since(start)
 
 
 def main(argv=None):
