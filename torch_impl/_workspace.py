@@ -3,7 +3,7 @@
 Every tile of the explicit path writes (queries, keys)-sized intermediates:
 the relative term, the logits, the weights. Fresh memory for each of them
 costs page faults and zeroing by the operating system, which on the CPU was
-measured at about a third of a Shaw forward at L = 1024 (benchmarks/).
+measured at about a quarter of a Shaw forward at L = 1024 (benchmarks/).
 A ``Workspace`` hands out views of a few flat buffers instead, one per slot,
 grown to the largest tile; a slot is overwritten by the next tile, so only
 values that die within a tile may live there.
