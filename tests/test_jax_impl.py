@@ -86,21 +86,24 @@ def test_causal_query_tiles_of_two_match_the_reference(seed):
     np.testing.assert_allclose(np.asarray(w), ref_w, rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("relative", [Shaw(3), Huang(300), None], ids=["shaw", "huang", "none"])
+@pytest.mark.parametrize("relative", [Shaw(3), Huang(150), None], ids=["shaw", "huang", "none"])
 def test_causal_query_tiles_at_a_length_that_splits_them_match_the_reference(relative):
-    """Lq = 520: three query tiles of at most QUERY_TILE_ROWS, each attending only keys up to its last query."""
+    """Lq = 300 with tiles of 128: three query tiles, each attending only keys up to its last query."""
+    from unittest import mock
+
     from jax_impl import functional
 
-    assert 520 >= 2 * functional.QUERY_TILE_ROWS
     spec = AttentionSpec(1, 4, relative=relative, causal=True, dropout=0.25)
     params = numpy_ref.init_params(spec, 1)
     rng = np.random.default_rng(2)
-    x, keep, g = rng.normal(size=(1, 520, 4)), rng.random((1, 1, 520, 520)) < 0.75, rng.normal(size=(1, 520, 4))
+    x, keep, g = rng.normal(size=(1, 300, 4)), rng.random((1, 1, 300, 300)) < 0.75, rng.normal(size=(1, 300, 4))
 
     def f(p, x):
         return jax_impl.attention(spec, p, x, dropout_keep=jnp.asarray(keep), return_weights=True)
 
-    (out, pullback, w) = jax.vjp(f, {n: jnp.asarray(a) for n, a in params.items()}, jnp.asarray(x), has_aux=True)
+    with mock.patch.object(functional, "QUERY_TILE_ROWS", 128):  # read while tracing
+        out, pullback, w = jax.vjp(jax.jit(f), {n: jnp.asarray(a) for n, a in params.items()}, jnp.asarray(x),
+                                   has_aux=True)
     g_params, g_x = pullback(jnp.asarray(g))
     ref_out, ref_w = numpy_ref.attention(spec, params, x, dropout_keep=keep, return_weights=True)
     np.testing.assert_allclose(np.asarray(out), ref_out, rtol=0, atol=1e-12)
