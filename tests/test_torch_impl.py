@@ -233,6 +233,11 @@ def test_torch_compile_matches_eager_on_cpu(relative):
     mask = torch.rand(2, 1, 1, 8) < 0.9
     compiled = torch.compile(m)
     np.testing.assert_allclose(compiled(x, mask=mask).detach().numpy(), m(x, mask=mask).detach().numpy(), atol=1e-5)
+    from torch_impl import functional
+
+    # two query tiles, no gradient recorded (eager reuses tile buffers there)
+    with torch.no_grad(), mock.patch.object(functional, "QUERY_TILE_ROWS", 4):
+        np.testing.assert_allclose(compiled(x).numpy(), m(x).numpy(), atol=1e-5)
 
 
 # ---------------------------------------------------------------- memory

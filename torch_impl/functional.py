@@ -305,7 +305,8 @@ def _explicit(spec, p, q, k, v, *, mask, bias, delta, allowed, default_positions
         future = torch.ones(longest, longest, dtype=torch.bool, device=q.device).triu_(1)
     records_grad = torch.is_grad_enabled() and any(
         x is not None and x.requires_grad for x in (q, k, v, bias, p.get("rel_k"), p.get("rel_v")))
-    ws = None if records_grad or return_weights else Workspace(q.device)  # returned weights must stay
+    # returned weights must stay; under torch.compile the compiler plans the memory itself
+    ws = None if records_grad or return_weights or torch.compiler.is_compiling() else Workspace(q.device)
     outs, weights = [], []
     for t in _flat(grid):
         tables = {n: (x[t.h] if x.dim() == 3 else x) for n, x in p.items() if n in ("rel_k", "rel_v")}
