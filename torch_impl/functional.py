@@ -87,7 +87,7 @@ class _Indices(NamedTuple):
 
 
 def _indices(spec, delta, default_positions: bool, rows: int, device) -> _Indices:
-    """``rows``: the most queries of a tile."""
+    """The index tensors the relative terms read; ``rows``: the most queries of a tile."""
     r = spec.relative
     if isinstance(r, Shaw):
         if default_positions:  # SHAW-3 by broadcasts and a small gather, SHAW-4 banded: no (Lq, Lk) index
@@ -211,7 +211,7 @@ def attention(spec: AttentionSpec, params: dict, query: torch.Tensor, key: Optio
                    and k_positions is None and mask is None and bias is None)
         return _project(_merge(o), p["wo"], p.get("bo"))
 
-    # explicit path: (batch, head) blocks whose (Lq, Lk) buffers stay in cache
+    # explicit path: tiles whose (queries, keys) buffers stay in cache
     o, weights = _explicit(spec, p, q, k, v, mask=mask, bias=bias, delta=delta, allowed=allowed,
                            default_positions=q_positions is None and k_positions is None,
                            dropout_keep=dropout_keep, return_weights=return_weights)
@@ -251,7 +251,8 @@ def _tiles(B: int, H: int, Lq: int, Lk: int, causal_prefix: bool, short_rows: bo
 
     ``causal_prefix``: every allowed key of query i is <= i, so a tile of
     queries q0 .. q1 - 1 reads keys 0 .. q1 - 1 only. ``short_rows``: tiles
-    of QUERY_TILE_ROWS queries are cheaper (causal prefix, Huang skew).
+    of QUERY_TILE_ROWS queries are cheaper (causal prefix, Huang skew, Shaw
+    bands).
     ``budget``: logits per tile. Tile sizes come from the budget and
     QUERY_TILE_ROWS, never one query per tile.
     """
