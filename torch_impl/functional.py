@@ -104,8 +104,9 @@ def _relative_key_term(spec, params, q, shaw_rows, default_positions: bool, ix: 
     """REL-1: the relative key logits (B, H, Lq, Lk) from a query already scaled by s_rel.
 
     With default positions (delta = j - i) the Huang term is the skew, which
-    reads no index tensor; when causal it carries -inf at the keys CAUSAL-1
-    disallows. ``ws``: a Workspace, when no gradient is recorded.
+    reads no index tensor; when causal its keys after the diagonal hold -inf
+    or arbitrary finite values, masked later. ``ws``: a Workspace, when no
+    gradient is recorded.
     """
     r = spec.relative
     table = params["rel_k"]
@@ -366,8 +367,7 @@ def _explicit_tile(spec, tables, q_s, q_rel, k, v, *, shaw_rows, edge_masks, ban
     if bias is not None:
         logits = logits + bias.to(stat)  # BIAS-1, SCALE-4
     if causal_block:
-        if term is None or isinstance(spec.relative, Shaw):  # (a causal Huang skew term holds the -inf already)
-            _disallow_after_diagonal(logits, q_start, future)
+        _disallow_after_diagonal(logits, q_start, future)
         allowed = None
     weights = _masked_softmax(logits, allowed, spec.mask_fill, every_row_has_a_key,
                               out=take(ws, "weights", logits.shape, logits.dtype))

@@ -70,9 +70,9 @@ def huang_skew_term(q: torch.Tensor, table: torch.Tensor, q_start: int, Lk: int,
 
     One matmul of the queries with the table rows of every distance they can
     meet, then the skew. Column m of that product holds distance
-    m - (q_start + Lq - 1). ``causal``: only distances <= 0 are computed; the
-    columns of positive distances are -inf, so the term itself carries the
-    causal rule (CAUSAL-1) and the matmul covers only distances <= 0.
+    m - (q_start + Lq - 1). ``causal``: only distances <= 0 are computed, and
+    the term at keys after the diagonal is -inf or (with a workspace) some
+    finite value: the caller masks those keys (CAUSAL-1).
     ``ws``: a Workspace for the (Lq, width) products, or None.
     """
     Lq = q.shape[-2]
@@ -84,6 +84,12 @@ def huang_skew_term(q: torch.Tensor, table: torch.Tensor, q_start: int, Lk: int,
         return skew(rows_logits(q, distance_rows(table, first, width, max_len), out), Lk)
     n = min(width, 1 - first)  # distances first .. 0
     r = rows_logits(q, distance_rows(table, first, n, max_len), take(ws, "rows", q.shape[:-1] + (n,), q.dtype))
+    if ws is not None and Lk <= n and Lq > 1:
+        # The skew read with row stride n - 1 straight from the (Lq, n) product: keys after the
+        # diagonal then read finite values of the next row instead of -inf (the caller masks them),
+        # and no padded copy is written.
+        B, H = r.shape[:2]
+        return r.as_strided((B, H, Lq, Lk), (H * Lq * n, Lq * n, n - 1, 1), r.storage_offset() + Lq - 1)
     if width > n:
         parts = [r, r.new_full(r.shape[:-1] + (width - n,), float("-inf"))]
         out = take(ws, "rows_padded", q.shape[:-1] + (width,), q.dtype)
