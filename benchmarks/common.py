@@ -55,23 +55,6 @@ def vanilla_flops(L: int, b: int = B, h: int = H, d: int = D_HEAD) -> float:
     return 4.0 * b * h * L * L * d
 
 
-def median_time(fn, sync=lambda: None, repeats: int = 5, warmup: int = 1, budget_s: float = 20.0) -> tuple[float, int]:
-    """Median wall time of ``fn`` over ``repeats`` runs after ``warmup`` runs (fewer if it is slow)."""
-    for _ in range(warmup):
-        fn()
-        sync()
-    times = []
-    start = time.perf_counter()
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-        if time.perf_counter() - start > budget_s and len(times) >= 1:
-            break
-    return statistics.median(times), len(times)
-
-
 def interleaved_medians(fns: dict, sync=lambda: None, rounds: int = 5, warmup: int = 1,
                         budget_s: float = 60.0) -> dict:
     """Median wall time of every function in ``fns``, timed in interleaved rounds.
@@ -112,7 +95,7 @@ def make_record(framework: str, impl: str, scheme: str, L: int, dtype: str, devi
 def timed_record(framework: str, impl: str, scheme: str, L: int, dtype: str, device: str, mode: str, fn,
                  sync=lambda: None, repeats: int = 5, warmup: int = 1) -> Record:
     """Time ``fn`` alone (median) and make its record."""
-    seconds, n = median_time(fn, sync, repeats=repeats, warmup=warmup)
+    (seconds, n), = interleaved_medians({impl: fn}, sync, rounds=repeats, warmup=warmup, budget_s=20.0).values()
     return make_record(framework, impl, scheme, L, dtype, device, mode, seconds, n)
 
 

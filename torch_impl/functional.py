@@ -104,8 +104,8 @@ def _relative_key_term(spec, params, q, shaw_rows, default_positions: bool, ix: 
     """REL-1: the relative key logits (B, H, Lq, Lk) from a query already scaled by s_rel.
 
     With default positions (delta = j - i) the Huang term is the skew, which
-    reads no index tensor; when causal its keys after the diagonal hold -inf
-    or arbitrary finite values, masked later. ``ws``: a Workspace, when no
+    reads no index tensor; when causal its keys after the diagonal hold
+    arbitrary finite values, masked later. ``ws``: a Workspace, when no
     gradient is recorded.
     """
     r = spec.relative
@@ -208,14 +208,14 @@ def attention(spec: AttentionSpec, params: dict, query: torch.Tensor, key: Optio
 
     fused = spec.relative is None and spec.mask_fill is None and dropout_keep is None and not return_weights
     if fused:
-        o = _fused(spec, q, k, v, allowed, bias, default_causal=spec.causal and q_positions is None
-                   and k_positions is None and mask is None and bias is None)
+        o = _fused(spec, q, k, v, allowed, bias,
+                   default_causal=spec.causal and default_positions and mask is None and bias is None)
         return _project(_merge(o), p["wo"], p.get("bo"))
 
     # explicit path: tiles whose (queries, keys) buffers stay in cache
     o, weights = _explicit(spec, p, q, k, v, mask=mask, bias=bias, delta=delta, allowed=allowed,
-                           default_positions=q_positions is None and k_positions is None,
-                           dropout_keep=dropout_keep, return_weights=return_weights)
+                           default_positions=default_positions, dropout_keep=dropout_keep,
+                           return_weights=return_weights)
     out = _project(_merge(o), p["wo"], p.get("bo"))
     return (out, weights) if return_weights else out
 
@@ -296,7 +296,7 @@ def _explicit(spec, p, q, k, v, *, mask, bias, delta, allowed, default_positions
     if isinstance(spec.relative, Shaw) and spec.relative.values and default_positions:  # SHAW-4, banded
         edge_masks = rel.edge_masks(longest, stat, q.device)
         if spec.relative.max_distance > 0:
-            band = rel.band_index(Lq, Lk, spec.relative.max_distance, q.device)
+            band = rel.band_index(Lq, spec.relative.max_distance, q.device)
     q_s = q * spec.effective_scale  # SCALE-2 folded into the query: a (B, H, Lq, d) pass, not (Lq, Lk)
     q_rel = q_s if spec.scale_relative else q  # SCALE-3: the relative term sees s * q or q
     shaw_rows = None
@@ -315,13 +315,14 @@ def _explicit(spec, p, q, k, v, *, mask, bias, delta, allowed, default_positions
         part = (t.b, t.h, slice(t.q0, t.q1))
         o, w = _explicit_tile(spec, tables, q_s[part], q_rel[part], k[t.b, t.h, :t.k1], v[t.b, t.h, :t.k1],
                               shaw_rows=None if shaw_rows is None else shaw_rows[part], edge_masks=edge_masks,
-                              band=None if band is None or t.k1 < Lk else tuple(x[t.q0:t.q1] for x in band),
+                              band=None if band is None else band[t.q0:t.q1],
                               future=future, ws=ws,
                               mask=_cut(mask, t, 2), bias=_cut(bias, t, 2), allowed=_cut(allowed, t, 2),
                               dropout_keep=_cut(dropout_keep, t, 2),
                               indices=indices._replace(index=_cut(indices.index, t, 1),
                                                        valid=_cut(indices.valid, t, 1)),
-                              default_positions=default_positions, q_start=t.q0, return_weights=return_weights)
+                              default_positions=default_positions, q_start=t.q0, stat=stat,
+                              return_weights=return_weights)
         outs.append(o)
         if return_weights:
             weights.append(w if t.k1 == Lk else torch.nn.functional.pad(w, (0, Lk - t.k1)))
@@ -344,18 +345,18 @@ def _join(grid: list, parts: list) -> torch.Tensor:
 
 
 def _explicit_tile(spec, tables, q_s, q_rel, k, v, *, shaw_rows, edge_masks, band, future, ws, mask, bias, allowed,
-                   dropout_keep, indices, default_positions, q_start, return_weights):
+                   dropout_keep, indices, default_positions, q_start, stat, return_weights):
     """One tile: logits and softmax in float32 for the 16-bit dtypes (PREC-4).
 
     q_s: the scaled queries; q_rel: the queries the relative term sees
     (SCALE-3); shaw_rows: their Shaw table logits, when there are any;
     edge_masks, band: the triangles and interior index of the banded Shaw value buckets;
     future: ``c > r`` for r, c < the longest tile (the keys after the diagonal);
-    ws: a Workspace for the (queries, keys) intermediates, or None where a gradient is recorded.
+    ws: a Workspace for the (queries, keys) intermediates, or None where a gradient is recorded;
+    stat: the dtype of the logits and the softmax.
     """
     Lk = k.shape[2]
     dtype = q_s.dtype
-    stat = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
     every_row_has_a_key = mask is None and bias is None and default_positions
     # CAUSAL-1 alone, top-left: only the keys after the diagonal of this tile's last
     # queries are disallowed, in the block of keys q_start .. Lk - 1

@@ -71,8 +71,8 @@ def huang_skew_term(q: torch.Tensor, table: torch.Tensor, q_start: int, Lk: int,
     One matmul of the queries with the table rows of every distance they can
     meet, then the skew. Column m of that product holds distance
     m - (q_start + Lq - 1). ``causal``: only distances <= 0 are computed, and
-    the term at keys after the diagonal is -inf or (with a workspace) some
-    finite value: the caller masks those keys (CAUSAL-1).
+    the term at keys after the diagonal holds some finite value: the caller
+    masks those keys (CAUSAL-1).
     ``ws``: a Workspace for the (Lq, width) products, or None.
     """
     Lq = q.shape[-2]
@@ -86,15 +86,11 @@ def huang_skew_term(q: torch.Tensor, table: torch.Tensor, q_start: int, Lk: int,
     r = rows_logits(q, distance_rows(table, first, n, max_len), take(ws, "rows", q.shape[:-1] + (n,), q.dtype))
     if ws is not None and Lk <= n and Lq > 1:
         # The skew read with row stride n - 1 straight from the (Lq, n) product: keys after the
-        # diagonal then read finite values of the next row instead of -inf (the caller masks them),
-        # and no padded copy is written.
+        # diagonal read values of the next row, and no padded copy is written. (Only without a
+        # recorded gradient: the view overlaps itself.)
         B, H = r.shape[:2]
         return r.as_strided((B, H, Lq, Lk), (H * Lq * n, Lq * n, n - 1, 1), r.storage_offset() + Lq - 1)
-    if width > n:
-        parts = [r, r.new_full(r.shape[:-1] + (width - n,), float("-inf"))]
-        out = take(ws, "rows_padded", q.shape[:-1] + (width,), q.dtype)
-        r = torch.cat(parts, dim=-1) if out is None else torch.cat(parts, dim=-1, out=out)
-    return skew(r, Lk)
+    return skew(torch.nn.functional.pad(r, (0, width - n)), Lk)
 
 
 def skew(r: torch.Tensor, Lk: int) -> torch.Tensor:
@@ -151,12 +147,11 @@ def shaw_key_term_banded(r: torch.Tensor, q_start: int, Lk: int, max_distance: i
     return parts[0].contiguous() if len(parts) == 1 else torch.cat(parts, dim=-1)
 
 
-def band_index(Lq: int, Lk: int, max_distance: int, device) -> tuple:
-    """The interior buckets of ``bucket_sums_banded`` for queries 0 .. Lq - 1: (key of each, clamped into
-    0 .. Lk - 1; where that key does not exist), both (Lq, 2k - 1). Tiles slice their rows."""
-    cols = torch.arange(Lq, device=device).unsqueeze(1) + torch.arange(-max_distance + 1, max_distance,
+def band_index(Lq: int, max_distance: int, device) -> torch.Tensor:
+    """The key of each interior bucket of ``bucket_sums_banded`` for queries 0 .. Lq - 1: (Lq, 2k - 1),
+    i + c for c = -k + 1 .. k - 1, possibly outside the keys. Tiles slice their rows."""
+    return torch.arange(Lq, device=device).unsqueeze(1) + torch.arange(-max_distance + 1, max_distance,
                                                                        device=device)
-    return cols.clamp(0, Lk - 1), (cols < 0) | (cols >= Lk)
 
 
 def edge_masks(rows: int, dtype, device) -> tuple:
@@ -184,12 +179,12 @@ def bucket_sums_banded(w: torch.Tensor, max_distance: int, q_start: int = 0, mas
     k = max_distance
     if k == 0:
         return w.sum(dim=-1, keepdim=True)
-    if band is None:
-        band = tuple(t[q_start: q_start + R] for t in band_index(q_start + R, Lk, k, w.device))
-    cols, outside = band
-    interior = torch.gather(w, -1, cols.expand(B, H, R, 2 * k - 1))
-    if q_start - k + 1 < 0 or q_start + R + k - 2 >= Lk:  # some interior bucket of this tile has no key
-        interior = interior.masked_fill(outside, 0.0)
+    cols = band_index(q_start + R, k, w.device)[q_start:] if band is None else band
+    if q_start - k + 1 >= 0 and q_start + R + k - 2 < Lk:  # every interior bucket of this tile has its key
+        interior = torch.gather(w, -1, cols.expand(B, H, R, 2 * k - 1))
+    else:
+        interior = torch.gather(w, -1, cols.clamp(0, Lk - 1).expand(B, H, R, 2 * k - 1))
+        interior = interior.masked_fill((cols < 0) | (cols >= Lk), 0.0)
     below, upper = edge_masks(R, w.dtype, w.device) if masks is None else (m[:R, :R] for m in masks)
 
     def edge(all_rows: slice, tri_start: int, tri: torch.Tensor) -> torch.Tensor:
