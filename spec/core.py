@@ -1,4 +1,4 @@
-"""The shared vocabulary: ``AttentionSpec`` and the relative-position schemes.
+"""The shared vocabulary: ``AttentionSpec`` (the schemes live in their own modules).
 
 Every class here is a frozen, hashable dataclass, so a spec can be a static
 argument of ``jax.jit`` and a dictionary key. Construction validates every
@@ -12,101 +12,20 @@ D model dim (= H * d), d head dim.
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Optional
+
+from ._fields import require_bool as _require_bool
+from ._fields import require_int as _require_int
+from ._fields import require_real as _require_real
+from ._fields import type_name as _type_name
+from .huang import Huang
+from .schemes import Scheme, scheme_classes
+from .shaw import Shaw
 
 __all__ = ["AttentionSpec", "Shaw", "Huang", "SPEC_VERSION"]
 
 SPEC_VERSION = "1.0.0"
-
-
-def _type_name(value) -> str:
-    return type(value).__name__
-
-
-def _require_int(owner: str, field: str, value, minimum: int) -> int:
-    # bool is an int subclass; True as a head count is almost surely a bug.
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(
-            f"{owner}.{field}: expected an int >= {minimum}, got {value!r} "
-            f"of type {_type_name(value)}"
-        )
-    if value < minimum:
-        raise ValueError(f"{owner}.{field}: expected an int >= {minimum}, got {value!r}")
-    return int(value)
-
-
-def _require_bool(owner: str, field: str, value) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(
-            f"{owner}.{field}: expected a bool, got {value!r} of type {_type_name(value)}"
-        )
-    return value
-
-
-def _require_real(owner: str, field: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(
-            f"{owner}.{field}: expected a real number, got {value!r} "
-            f"of type {_type_name(value)}"
-        )
-    return float(value)
-
-
-@dataclass(frozen=True)
-class Shaw:
-    """Clipped relative positions of Shaw et al. 2018 (rules SHAW-1..SHAW-5).
-
-    Tables ``rel_k`` and ``rel_v`` have ``2 * max_distance + 1`` rows
-    (``(R, d)``, or ``(H, R, d)`` with ``per_head``). The distance
-    ``delta = k_pos - q_pos`` selects row ``clip(delta, -k, k) + k``.
-    """
-
-    max_distance: int
-    keys: bool = True
-    values: bool = True
-    per_head: bool = False
-
-    def __post_init__(self):
-        object.__setattr__(
-            self, "max_distance", _require_int("Shaw", "max_distance", self.max_distance, 0)
-        )
-        _require_bool("Shaw", "keys", self.keys)
-        _require_bool("Shaw", "values", self.values)
-        _require_bool("Shaw", "per_head", self.per_head)
-        if not (self.keys or self.values):
-            raise ValueError(
-                "Shaw: expected keys=True or values=True (a scheme with neither term "
-                "adds nothing; use relative=None), got keys=False, values=False"
-            )
-
-    @property
-    def num_rows(self) -> int:
-        """R = 2k + 1, the number of table rows (one per clipped distance)."""
-        return 2 * self.max_distance + 1
-
-
-@dataclass(frozen=True)
-class Huang:
-    """Unclipped relative key logits of Huang et al. 2018 (rules HUANG-1..HUANG-5).
-
-    Table ``rel_k`` has ``2 * max_len - 1`` rows (``(R, d)``, or ``(H, R, d)``
-    with ``per_head``); row ``r`` holds distance ``r - (max_len - 1)``. A
-    distance with ``|delta| > max_len - 1`` contributes zero.
-    """
-
-    max_len: int
-    per_head: bool = True
-
-    def __post_init__(self):
-        object.__setattr__(self, "max_len", _require_int("Huang", "max_len", self.max_len, 1))
-        _require_bool("Huang", "per_head", self.per_head)
-
-    @property
-    def num_rows(self) -> int:
-        """R = 2M - 1, the number of table rows (distances -(M-1) .. M-1)."""
-        return 2 * self.max_len - 1
 
 
 @dataclass(frozen=True)
@@ -118,7 +37,7 @@ class AttentionSpec:
         head_dim: d >= 1 [HEAD-1]; the model dim is D = H * d.
         bias: whether the projections carry biases bq, bk, bv, bo [PROJ-1, OUT-1].
         scale: the logit scale s; None means 1 / sqrt(d) [SCALE-1].
-        relative: None, a ``Shaw`` or a ``Huang`` scheme [REL-1].
+        relative: None or a registered position scheme (``Shaw``, ``Huang``) [REL-1, REL-3].
         scale_relative: whether the relative key term is multiplied by s [SCALE-3].
         causal: key j is allowed for query i iff k_pos[j] - q_pos[i] <= 0 [CAUSAL-1].
         mask_fill: None for exact zeros at disallowed keys [MASK-5]; a finite
@@ -130,7 +49,7 @@ class AttentionSpec:
     head_dim: int
     bias: bool = True
     scale: Optional[float] = None
-    relative: Union[Shaw, Huang, None] = None
+    relative: Optional[Scheme] = None
     scale_relative: bool = True
     causal: bool = False
     mask_fill: Optional[float] = None
@@ -146,9 +65,11 @@ class AttentionSpec:
             if not (math.isfinite(scale) and scale > 0):
                 raise ValueError(f"{S}.scale: expected a finite number > 0 or None, got {scale!r}")
             object.__setattr__(self, "scale", scale)
-        if self.relative is not None and not isinstance(self.relative, (Shaw, Huang)):
+        known = scheme_classes()
+        if self.relative is not None and known.get(getattr(self.relative, "name", None)) is not type(self.relative):
+            names = ", ".join(f"{c.__name__}(...)" for c in known.values())
             raise TypeError(
-                f"{S}.relative: expected None, Shaw(...) or Huang(...), "
+                f"{S}.relative: expected None or a registered scheme ({names}), "
                 f"got {self.relative!r} of type {_type_name(self.relative)}"
             )
         _require_bool(S, "scale_relative", self.scale_relative)
@@ -189,11 +110,6 @@ class AttentionSpec:
         }
         if self.bias:
             shapes.update({"bq": (D,), "bk": (D,), "bv": (D,), "bo": (D,)})
-        rel = self.relative
-        if rel is not None:
-            table = (H, rel.num_rows, d) if rel.per_head else (rel.num_rows, d)
-            if isinstance(rel, Huang) or rel.keys:
-                shapes["rel_k"] = table
-            if isinstance(rel, Shaw) and rel.values:
-                shapes["rel_v"] = table
+        if self.relative is not None:
+            shapes.update(self.relative.param_shapes(H, d))  # PARAM-1, REL-3
         return shapes

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import math
 
-from .core import AttentionSpec, Huang, Shaw
+from .core import AttentionSpec
+from .huang import Huang
+from .shaw import Shaw
 from .validation import fail_value
 
 __all__ = ["tutorial_mha", "einsum_selfattention", "shaw_rpe", "music_relative"]

@@ -118,7 +118,7 @@ def test_init_params_seed_must_be_an_int():
     (lambda: AttentionSpec(2, 2, scale=-1.0), ValueError, "AttentionSpec.scale: expected a finite number > 0 or None, got -1.0"),
     (lambda: AttentionSpec(2, 2, scale=float("nan")), ValueError, "AttentionSpec.scale: expected a finite number > 0 or None, got nan"),
     (lambda: AttentionSpec(2, 2, scale="0.5"), TypeError, "AttentionSpec.scale: expected a real number, got '0.5' of type str"),
-    (lambda: AttentionSpec(2, 2, relative="shaw"), TypeError, "AttentionSpec.relative: expected None, Shaw(...) or Huang(...), got 'shaw' of type str"),
+    (lambda: AttentionSpec(2, 2, relative="shaw"), TypeError, "AttentionSpec.relative: expected None or a registered scheme (Huang(...), Shaw(...)), got 'shaw' of type str"),
     (lambda: AttentionSpec(2, 2, causal=None), TypeError, "AttentionSpec.causal: expected a bool, got None of type NoneType"),
     (lambda: AttentionSpec(2, 2, mask_fill=float("-inf")), ValueError, "AttentionSpec.mask_fill: expected a finite float or None (None gives disallowed keys weight exactly 0), got -inf"),
     (lambda: AttentionSpec(2, 2, dropout=1.0), ValueError, "AttentionSpec.dropout: expected a probability in [0, 1), got 1.0"),

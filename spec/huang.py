@@ -1,0 +1,46 @@
+"""``Huang``: unclipped relative key logits of Huang et al. 2018 (rules HUANG-1..HUANG-5)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._fields import require_bool, require_int
+from .schemes import Scheme, register
+
+
+@register
+@dataclass(frozen=True)
+class Huang(Scheme):
+    """Unclipped relative key logits of Huang et al. 2018 (rules HUANG-1..HUANG-5).
+
+    Table ``rel_k`` has ``2 * max_len - 1`` rows (``(R, d)``, or ``(H, R, d)``
+    with ``per_head``); row ``r`` holds distance ``r - (max_len - 1)``. A
+    distance with ``|delta| > max_len - 1`` contributes zero. Hook: a key term.
+    """
+
+    name = "huang"
+    rule_prefix = "HUANG"
+
+    max_len: int
+    per_head: bool = True
+
+    def __post_init__(self):
+        object.__setattr__(self, "max_len", require_int("Huang", "max_len", self.max_len, 1))
+        require_bool("Huang", "per_head", self.per_head)
+
+    @property
+    def num_rows(self) -> int:
+        """R = 2M - 1, the number of table rows (distances -(M-1) .. M-1)."""
+        return 2 * self.max_len - 1
+
+    def param_shapes(self, num_heads: int, head_dim: int) -> dict[str, tuple[int, ...]]:
+        """HUANG-1: ``rel_k``, ``(R, d)`` or ``(H, R, d)`` (REL-2)."""
+        return {"rel_k": (num_heads, self.num_rows, head_dim) if self.per_head else (self.num_rows, head_dim)}
+
+    @property
+    def hooks(self) -> frozenset:
+        return frozenset({"key_term"})
+
+    @property
+    def features(self) -> frozenset:
+        return frozenset({"huang", "per-head-tables"} if self.per_head else {"huang"})
