@@ -17,7 +17,7 @@ from typing import Optional
 
 import numpy as np
 
-from spec import AttentionSpec, Huang, Shaw
+from spec import AttentionSpec
 
 ALL_DTYPES = ("float64", "float32", "bfloat16", "float16")
 
@@ -25,7 +25,9 @@ ALL_DTYPES = ("float64", "float32", "bfloat16", "float16")
 #: float64 truth (PREC-1) with stored budgets (PREC-2) and exact checks
 #: (PREC-3); the manifest pins the spec version (VER-1) and the report states
 #: claims by version and rule ids (VER-2); shapes use the legend (AXES-1).
-HARNESS_RULES = ("AXES-1", "PREC-1", "PREC-2", "PREC-3", "VER-1", "VER-2")
+#: Every kernel of an implementation is judged by the same cases (KERN-1), and
+#: against the stored goldens, never a recomputation (PREC-5).
+HARNESS_RULES = ("AXES-1", "PREC-1", "PREC-2", "PREC-3", "PREC-5", "KERN-1", "VER-1", "VER-2")
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,7 @@ class Case:
     spec: AttentionSpec
     dims: Dims
     self_attention: bool = False
+    value_omitted: bool = False  # cross-attention called with key and without value (SHAPE-2: value = key)
     recipes: tuple = ()
     dtypes: tuple = ALL_DTYPES
     store_weights: bool = True
@@ -186,14 +189,8 @@ class Case:
         f = set(self.extra_features)
         for r in self.recipes:
             f |= r.features
-        if isinstance(s.relative, Shaw):
-            f.add("shaw")
-            if s.relative.values:
-                f.add("shaw-values")
-        if isinstance(s.relative, Huang):
-            f.add("huang")
-        if s.relative is not None and s.relative.per_head:
-            f.add("per-head-tables")
+        if s.relative is not None:
+            f |= s.relative.features  # the scheme states what it needs (REL-3)
         if s.relative is not None and not s.scale_relative:
             f.add("unscaled-relative")
         if s.causal:

@@ -15,7 +15,7 @@ from .cases import Bias, Case, Dims, Keep, Mask, Positions, Twin
 
 CORE = ("SHAPE-1", "PARAM-1", "PROJ-1", "HEAD-1", "HEAD-2", "SCALE-1", "SCALE-2",
         "SOFTMAX-1", "SOFTMAX-2", "OUT-1", "GRAD-1")
-REL = ("REL-1", "REL-2", "SCALE-3")
+REL = ("REL-1", "REL-2", "REL-3", "REL-4", "SCALE-3")
 SHAW = ("SHAW-1", "SHAW-2", "SHAW-3", "SHAW-4")
 HUANG = ("HUANG-1", "HUANG-2", "HUANG-4")
 
@@ -39,6 +39,9 @@ def _cases() -> list[Case]:
     add(Case("vanilla/self/L1", CORE + ("SHAPE-2",), V, Dims(2, 1, 1), self_attention=True))
     add(Case("vanilla/self/L37-prime-heads3-d5", CORE, AttentionSpec(3, 5), Dims(1, 37, 37), self_attention=True))
     add(Case("vanilla/cross/lq1-lk9", CORE, V, Dims(2, 1, 9)))
+    # SHAPE-2's second half: with key given and value omitted, value = key (not the query); in
+    # self-attention the two readings coincide, so only a cross case can tell them apart
+    add(Case("vanilla/cross/value-omitted", CORE + ("SHAPE-2",), V, D6, value_omitted=True))
 
     # ------------------------------------------------------------ causal
     C = replace(V, causal=True)

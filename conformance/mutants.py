@@ -13,10 +13,15 @@ from dataclasses import replace
 import numpy as np
 
 import numpy_ref
-from spec import Huang, Shaw
+from spec import Shaw
 
 from .adapters.base import Capabilities
 from .adapters.numpy_ref_adapter import KWARGS, NumpyRefAdapter
+
+
+def _scheme(spec) -> str:
+    """The name of the spec's position scheme, or "" (schemes are told apart by name, REL-3)."""
+    return "" if spec.relative is None else spec.relative.name
 
 
 def _defaults(spec, inputs):
@@ -30,6 +35,7 @@ class Mutant(NumpyRefAdapter):
 
     rule = ""
     description = ""
+    scheme = ""  # the position scheme whose rule this mutant breaks, "" for the core rules
 
     def capabilities(self):
         return Capabilities(dtypes=("float64",), gradients=False)
@@ -77,9 +83,10 @@ class RelativeSignFlipped(Mutant):
 class ShawClipOffByOne(Mutant):
     rule = "SHAW-2"
     description = "Shaw distances clipped at k - 1 instead of k"
+    scheme = "shaw"
 
     def mutate_params(self, spec, params):
-        if isinstance(spec.relative, Shaw) and spec.relative.max_distance >= 1:
+        if _scheme(spec) == "shaw" and spec.relative.max_distance >= 1:
             for n in ("rel_k", "rel_v"):
                 if n in params:
                     t = params[n].copy()
@@ -188,10 +195,11 @@ class CausalAlignmentFlipped(Mutant):
 class ShawValueTermNotDropped(Mutant):
     rule = "DROP-4"
     description = "dropout applied to the content value term only, not the Shaw value term"
+    scheme = "shaw"
 
     def forward(self, spec, params, inputs, *, device, need_weights):
         keep = inputs.get("dropout_keep")
-        if keep is None or not (isinstance(spec.relative, Shaw) and spec.relative.values):
+        if keep is None or not (_scheme(spec) == "shaw" and spec.relative.values):
             return super().forward(spec, params, inputs, device=device, need_weights=need_weights)
         kw = {n: inputs[n] for n in KWARGS if n in inputs}
         zero_rel_v = {**params, "rel_v": np.zeros_like(params["rel_v"])}
@@ -210,10 +218,11 @@ class ShawValueTermNotDropped(Mutant):
 class HuangClipped(Mutant):
     rule = "HUANG-3"
     description = "Huang distances beyond the table clipped to the edge rows (Shaw's rule) instead of zero"
+    scheme = "huang"
 
     def mutate_spec(self, spec):
         r = spec.relative
-        if isinstance(r, Huang):
+        if _scheme(spec) == "huang":
             return replace(spec, relative=Shaw(r.max_len - 1, values=False, per_head=r.per_head))
         return spec
 
@@ -266,6 +275,15 @@ class ValueDefaultsToQuery(Mutant):
         # exercised on cross cases by dropping the value argument
         inputs = {n: a for n, a in inputs.items() if n != "value"}
         return super().forward(spec, params, inputs, device=device, need_weights=need_weights)
+
+
+def killed_by_rule(rule: str, results: list) -> list:
+    """The (case, check) pairs that failed and claim ``rule``: what kills a mutant of that rule.
+
+    A failure of a check that does not claim the rule does not count: the
+    harness promises that a check claiming rule X fails when X is broken.
+    """
+    return sorted({(r.case, r.check) for r in results if r.failed and rule in r.rules})
 
 
 def _name(cls) -> str:

@@ -1,7 +1,9 @@
 """The analytic backward pass (vector-Jacobian product), float64.
 
 Derived by hand from ``forward.run``, step by step in reverse; every step
-names the forward rule it differentiates. Rules GRAD-1..GRAD-3.
+names the forward rule it differentiates. A position scheme's terms are
+differentiated by its own hooks' VJPs (REL-3, ``numpy_ref.schemes``).
+Rules GRAD-1..GRAD-3.
 """
 
 from __future__ import annotations
@@ -23,45 +25,35 @@ def _project_vjp(x: np.ndarray, w: np.ndarray, g: np.ndarray):
     return g @ w.T, np.einsum("bli,blo->io", x, g), g.sum(axis=(0, 1))
 
 
-def _relative_key_vjp(spec: AttentionSpec, trace: Trace, g_term: np.ndarray, grads: dict):
-    """VJP of the relative key term (REL-1, SHAW-3, HUANG-2..4): returns dq, adds d rel_k."""
-    term = trace.key_term
-    table_shape = trace.call.params["rel_k"].shape
-    if term.index is None:  # skew over the reachable rows
-        W = term.table4.shape[-2]
-        g_rows = rel.unskew(g_term, W)  # (B, H, Lq, W)
-        dq, d_rows = rel.rows_logits_vjp(trace.q, term.table4, g_rows)
-        d_table4 = rel.scatter_rows(rel.as_4d(trace.call.params["rel_k"]).shape, term.row,
-                                    term.row_valid, d_rows)
-    else:  # gather by index, with Huang's validity
-        if term.valid is not None:
-            g_term = np.where(term.valid[:, None], g_term, 0.0)
-        g_rows = rel.scatter_buckets(g_term, term.index, term.table4.shape[-2])
-        dq, d_table4 = rel.rows_logits_vjp(trace.q, term.table4, g_rows)
-    grads["rel_k"] = d_table4.reshape(table_shape)
-    return dq
+def _add_grads(grads: dict, more: dict) -> None:
+    """Accumulate a hook's table gradients (two hooks may share a table)."""
+    for name, g in more.items():
+        grads[name] = grads[name] + g if name in grads else g
 
 
 def backward(spec: AttentionSpec, trace: Trace, grad_out: np.ndarray) -> dict:
+    """The VJP of ``forward.run`` (GRAD-1, GRAD-2): every input and parameter gradient by name.
+
+    The scheme's hooks are differentiated in the reverse of the REL-3 order:
+    value term, bias, key term, q/k transform.
+    """
     call = trace.call
     p = call.params
     H = spec.num_heads
+    hooks, saved = trace.hooks, trace.saved
     grads: dict = {}
 
     # OUT-1: out = merged @ wo + bo
     d_merged, grads["wo"], dbo = _project_vjp(trace.merged, p["wo"], grad_out)
     d_o = split_heads(d_merged, H)  # HEAD-2 inverse, (B, H, Lq, d)
 
-    # o = w' @ v  (+ SHAW-4: buckets(w') @ rel_v)
+    # o = w' @ v  (+ REL-3 (4): the value term of w')
     d_dropped = d_o @ trace.v.swapaxes(-1, -2)  # (B, H, Lq, Lk)
     d_v = trace.dropped.swapaxes(-1, -2) @ d_o  # (B, H, Lk, d)
-    if trace.shaw_buckets is not None:
-        rv4 = rel.as_4d(p["rel_v"])
-        # o += buckets @ rel_v: d rel_v = buckets.T @ d_o; d buckets = d_o @ rel_v.T
-        d_rv4 = rel.sum_to(trace.shaw_buckets.swapaxes(-1, -2) @ d_o, rv4.shape)
-        grads["rel_v"] = d_rv4.reshape(p["rel_v"].shape)
-        # buckets = scatter(w') by index: its adjoint is the gather
-        d_dropped = d_dropped + rel.gather_buckets(d_o @ rv4.swapaxes(-1, -2), trace.shaw_index)
+    if hooks.uses("value_term"):
+        d_w, g = hooks.call("value_term_vjp", p, saved["value_term"], d_o)
+        _add_grads(grads, g)
+        d_dropped = d_dropped + d_w
 
     # DROP-1: w' = w * keep / (1 - p)
     d_weights = d_dropped
@@ -71,16 +63,23 @@ def backward(spec: AttentionSpec, trace: Trace, grad_out: np.ndarray) -> dict:
     # SOFTMAX-1 with MASK-5/6: constants at disallowed keys (GRAD-2)
     d_logits = masked_softmax_vjp(trace.weights, trace.allowed, d_weights)
 
-    # BIAS-1: added unscaled
+    # BIAS-1: added unscaled; REL-3 (3): so is the scheme's bias
     if call.bias is not None:
         grads["bias"] = rel.sum_to(d_logits, call.bias.shape)
+    if hooks.uses("bias"):
+        _add_grads(grads, hooks.call("bias_vjp", p, saved["bias"], d_logits))
 
     # SCALE-2: s * q @ k.T
     s = spec.effective_scale
     d_q = s * (d_logits @ trace.k)
     d_k = s * (d_logits.swapaxes(-1, -2) @ trace.q)
-    if trace.key_term is not None:  # SCALE-3
-        d_q = d_q + _relative_key_vjp(spec, trace, spec.relative_scale * d_logits, grads)
+    if hooks.uses("key_term"):  # REL-3 (2), SCALE-3
+        dq_term, g = hooks.call("key_term_vjp", p, saved["key_term"], spec.relative_scale * d_logits)
+        _add_grads(grads, g)
+        d_q = d_q + dq_term
+    if hooks.uses("qk_transform"):  # REL-3 (1): back to the q, k of the head split
+        d_q, d_k, g = hooks.call("qk_transform_vjp", p, saved["qk_transform"], d_q, d_k)
+        _add_grads(grads, g)
 
     # PROJ-1 and HEAD-1 for q, k, v
     for name, x, d_head in (("q", call.query, d_q), ("k", None, d_k), ("v", None, d_v)):

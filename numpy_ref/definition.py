@@ -4,7 +4,9 @@ Every quantity is computed element by element, with explicit loops over
 batch, head, query and key, straight from the formulas of the spec text. It
 shares no numerical code with the vectorised reference (only the argument
 checks), and exists to test it. Complexity is O(B H Lq Lk d) interpreter
-steps: keep sizes in the tens.
+steps: keep sizes in the tens. A position scheme enters through the literal
+forms of its hooks (``numpy_ref.schemes``, REL-3), applied in the order of
+REL-3; nothing here names a scheme.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import math
 
 import numpy as np
 
-from spec import AttentionSpec, Huang, Shaw
+from spec import AttentionSpec
 
+from . import schemes
 from ._inputs import prepare
 
 
@@ -22,16 +25,13 @@ def _dot(a, b) -> float:
     return math.fsum(float(x) * float(y) for x, y in zip(a, b))
 
 
-def _table_row(table: np.ndarray, h: int, r: int) -> np.ndarray:
-    return table[h, r] if table.ndim == 3 else table[r]
-
-
 def attention(spec: AttentionSpec, params: dict, query, key=None, value=None, *, mask=None,
               bias=None, q_positions=None, k_positions=None, dropout_keep=None,
               return_weights: bool = False):
-    """Same contract as ``numpy_ref.attention``, computed by loops."""
+    """Same contract as ``numpy_ref.attention``, computed by loops; the scheme through its literal hooks (REL-3)."""
     call = prepare(spec, params, query, key, value, mask=mask, bias=bias, q_positions=q_positions,
                    k_positions=k_positions, dropout_keep=dropout_keep)
+    hooks = schemes.bind(spec.relative, literal=True)
     p = call.params
     B, Lq, Lk = call.dims
     H, d, D = spec.num_heads, spec.head_dim, spec.model_dim
@@ -55,20 +55,21 @@ def attention(spec: AttentionSpec, params: dict, query, key=None, value=None, *,
         Q = [[[proj(call.query[b], p["wq"], bq, i, h * d + c) for c in range(d)] for i in range(Lq)] for h in range(H)]
         K = [[[proj(call.key[b], p["wk"], bk, j, h * d + c) for c in range(d)] for j in range(Lk)] for h in range(H)]
         V = [[[proj(call.value[b], p["wv"], bv, j, h * d + c) for c in range(d)] for j in range(Lk)] for h in range(H)]
+        if hooks.uses("qk_transform"):  # REL-3 (1): each q and k vector at its own position
+            Q = [[hooks.call("literal_q", p, h, Q[h][i], int(qpos[b, i])) for i in range(Lq)] for h in range(H)]
+            K = [[hooks.call("literal_k", p, h, K[h][j], int(kpos[b, j])) for j in range(Lk)] for h in range(H)]
         merged = np.zeros((Lq, D))
         for h in range(H):
             for i in range(Lq):
-                logit, allowed, index = [0.0] * Lk, [True] * Lk, [0] * Lk
+                logit, allowed = [0.0] * Lk, [True] * Lk
                 for j in range(Lk):
-                    delta = int(kpos[b, j]) - int(qpos[b, i])  # POS-2
+                    qp, kp = int(qpos[b, i]), int(kpos[b, j])
+                    delta = kp - qp  # POS-2
                     term = s * _dot(Q[h][i], K[h][j])  # SCALE-2
-                    r = spec.relative
-                    if isinstance(r, Shaw):
-                        index[j] = min(max(delta, -r.max_distance), r.max_distance) + r.max_distance  # SHAW-2
-                        if r.keys:  # SHAW-3
-                            term += s_rel * _dot(Q[h][i], _table_row(p["rel_k"], h, index[j]))
-                    elif isinstance(r, Huang) and abs(delta) <= r.max_len - 1:  # HUANG-2/3
-                        term += s_rel * _dot(Q[h][i], _table_row(p["rel_k"], h, delta + r.max_len - 1))
+                    if hooks.uses("key_term"):  # REL-3 (2), REL-1, SCALE-3
+                        term += s_rel * hooks.call("literal_key_term", p, h, Q[h][i], qp, kp)
+                    if hooks.uses("bias"):  # REL-3 (3): unscaled
+                        term += hooks.call("literal_bias", p, h, qp, kp)
                     if bias_b is not None:  # BIAS-1
                         term += float(bias_b[b, h, i, j])
                         allowed[j] = bias_b[b, h, i, j] != -math.inf  # BIAS-2
@@ -95,13 +96,17 @@ def attention(spec: AttentionSpec, params: dict, query, key=None, value=None, *,
                     weights[b, h, i, j] = w[j]
                     if call.dropout_keep is not None:  # DROP-1
                         w[j] = w[j] / (1.0 - spec.dropout) if call.dropout_keep[b, h, i, j] else 0.0
-                # o_i = sum_j w'_ij (v_j + rel_v[idx_ij]) over the keys that take part
+                # o_i = sum_j w'_ij (v_j + value_row_ij) over the keys that take part (REL-1)
+                keys = live if spec.mask_fill is None else range(Lk)
+                rows = {}
+                if hooks.uses("value_term"):  # REL-3 (4): with the weights after dropout (DROP-4)
+                    rows = {j: hooks.call("literal_value_row", p, h, int(qpos[b, i]), int(kpos[b, j])) for j in keys}
                 for c in range(d):
                     acc = []
-                    for j in (live if spec.mask_fill is None else range(Lk)):
+                    for j in keys:
                         acc.append(w[j] * V[h][j][c])
-                        if isinstance(spec.relative, Shaw) and spec.relative.values:  # SHAW-4
-                            acc.append(w[j] * float(_table_row(p["rel_v"], h, index[j])[c]))
+                        if j in rows:
+                            acc.append(w[j] * float(rows[j][c]))
                     merged[i, h * d + c] = math.fsum(acc)  # HEAD-2
         for i in range(Lq):  # OUT-1
             for f in range(D):

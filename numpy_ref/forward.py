@@ -1,40 +1,32 @@
 """The vectorised float64 forward pass: the spec's executable form.
 
-    logits[b,h,i,j] = s * q_i . k_j  +  s_rel * rel_k_term(i, j)  +  bias[b,h,i,j]
+    q, k            = qk_transform(q, k)                       (scheme hook 1)
+    logits[b,h,i,j] = s * q_i . k_j  +  s_rel * key_term(i, j)  +  scheme_bias(i, j)  +  bias[b,h,i,j]
     w               = softmax_j over allowed keys          (zero elsewhere)
-    o_i             = sum_j w'_ij v_j  +  sum_j w'_ij rel_v[idx_ij]     w' = dropout(w)
+    o_i             = sum_j w'_ij v_j  +  value_term(w')_i           w' = dropout(w)
     out             = merge(o) @ wo + bo
 
+The position scheme contributes only through its hooks (REL-3), found in
+``numpy_ref.schemes`` by the scheme's name; this file never names a scheme.
 Axis legend (AXES-1): B batch, H heads, Lq / Lk query / key length, D model
 dim, d head dim. Implements PROJ-1, HEAD-1, HEAD-2, SCALE-1..SCALE-4, POS-1,
 POS-2, CAUSAL-1, MASK-1..MASK-7, BIAS-1, BIAS-2, SOFTMAX-1, SOFTMAX-2,
-DROP-1..DROP-4, REL-1, REL-2, SHAW-1..SHAW-4, HUANG-1..HUANG-4, OUT-1, PREC-1.
+DROP-1..DROP-4, REL-1..REL-3, OUT-1, PREC-1.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
 
-from spec import AttentionSpec, Shaw
+from spec import AttentionSpec
 
-from . import relative as rel
+from . import schemes
 from ._inputs import Call, prepare
 from .heads import merge_heads, split_heads
 from .masking import allowed_keys, dead_keys, masked_softmax, relative_distance
-
-
-@dataclass
-class RelativeKeyTerm:
-    """What the relative key term needs again in the backward pass."""
-
-    table4: np.ndarray  # the table (or its reachable rows) as (1|B, 1|H, R, d)
-    index: Optional[np.ndarray]  # gather index (1|B, Lq, Lk), None for the skew
-    valid: Optional[np.ndarray]  # where the gathered term counts (Huang), else None
-    row: Optional[np.ndarray] = None  # skew: table row of each reachable distance
-    row_valid: Optional[np.ndarray] = None
 
 
 @dataclass
@@ -42,18 +34,18 @@ class Trace:
     """Every intermediate of one forward pass (the backward pass reads them)."""
 
     call: Call
-    q: np.ndarray  # (B, H, Lq, d)
-    k: np.ndarray  # (B, H, Lk, d)
+    hooks: schemes.Bound  # the scheme's hooks this call applied (REL-3)
+    ctx: schemes.Context
+    q: np.ndarray  # (B, H, Lq, d), after the q/k transform
+    k: np.ndarray  # (B, H, Lk, d), after the q/k transform
     v: np.ndarray  # (B, H, Lk, d)
     dead: Optional[np.ndarray]  # (B, Lk) keys zeroed before projection (MASK-7)
     allowed: np.ndarray  # (B, H, Lq, Lk) bool
     weights: np.ndarray  # (B, H, Lq, Lk), post-softmax, pre-dropout
     dropped: np.ndarray  # weights after dropout (DROP-1)
-    shaw_index: Optional[np.ndarray]  # (1|B, Lq, Lk)
-    shaw_buckets: Optional[np.ndarray]  # (B, H, Lq, 2k+1) value-side bucket sums
-    key_term: Optional[RelativeKeyTerm]
     merged: np.ndarray  # (B, Lq, D)
     out: np.ndarray  # (B, Lq, D)
+    saved: dict = field(default_factory=dict)  # hook kind -> what the hook saved for its VJP
 
 
 def project(x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray]) -> np.ndarray:
@@ -62,32 +54,25 @@ def project(x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray]) -> np.ndarray
     return y if b is None else y + b
 
 
-def relative_key_term(spec: AttentionSpec, p: dict, q: np.ndarray, call: Call,
-                      delta: np.ndarray):
-    """REL-1: the relative key logits (B, H, Lq, Lk), before the s_rel factor."""
-    r = spec.relative
-    Lq, Lk = call.dims.Lq, call.dims.Lk
-    table4 = rel.as_4d(p["rel_k"])
-    if isinstance(r, Shaw):  # SHAW-3: gather q @ rel_k.T by the clipped index (SHAW-2)
-        index = rel.shaw_index(delta, r.max_distance)
-        term = RelativeKeyTerm(table4, index, None)
-        return rel.gather_buckets(rel.rows_logits(q, table4), index), term
-    offset = rel.contiguous_offset(call.q_positions, call.k_positions)
-    if offset is not None:  # HUANG-4: reachable rows, one matmul, then the skew
-        rows, row, row_valid = rel.reachable_rows(table4, offset, Lq, Lk, r.max_len)
-        term = RelativeKeyTerm(rows, None, None, row, row_valid)
-        return np.array(rel.skew(rel.rows_logits(q, rows), Lk)), term
-    index, valid = rel.huang_index(delta, r.max_len)  # HUANG-4: gather by relative index
-    term = RelativeKeyTerm(table4, index, valid)
-    return np.where(valid[:, None], rel.gather_buckets(rel.rows_logits(q, table4), index), 0.0), term
+def context(spec: AttentionSpec, call: Call, delta: np.ndarray) -> schemes.Context:
+    """The positions and sizes a scheme's hooks see (REL-3, POS-1, POS-2)."""
+    B, Lq, Lk = call.dims
+    return schemes.Context(call.q_positions, call.k_positions, delta, B, spec.num_heads, spec.head_dim, Lq, Lk)
 
 
 def run(spec: AttentionSpec, call: Call) -> Trace:
-    """The forward pass over a validated call, keeping every intermediate."""
+    """The forward pass over a validated call, keeping every intermediate.
+
+    The scheme's hooks are applied in the order of REL-3: q/k transform, key
+    term (times s_rel, SCALE-3), bias (unscaled), value term (after dropout,
+    DROP-4).
+    """
     p = call.params
     B, Lq, Lk = call.dims
     H = spec.num_heads
+    hooks = schemes.bind(spec.relative)
     delta = relative_distance(call.q_positions, call.k_positions)  # (1|B, Lq, Lk)
+    ctx = context(spec, call, delta)
     allowed = allowed_keys((B, H, Lq, Lk), delta, causal=spec.causal, mask=call.mask, bias=call.bias)
 
     key, value, dead = call.key, call.value, None
@@ -99,14 +84,17 @@ def run(spec: AttentionSpec, call: Call) -> Trace:
     q = split_heads(project(call.query, p["wq"], p.get("bq")), H)  # (B, H, Lq, d)
     k = split_heads(project(key, p["wk"], p.get("bk")), H)  # (B, H, Lk, d)
     v = split_heads(project(value, p["wv"], p.get("bv")), H)  # (B, H, Lk, d)
+    saved: dict = {}
+    if hooks.uses("qk_transform"):  # REL-3 (1): after the head split, before any logit
+        q, k, saved["qk_transform"] = hooks.call("qk_transform", p, q, k, ctx)
 
     logits = spec.effective_scale * (q @ k.swapaxes(-1, -2))  # SCALE-2, (B, H, Lq, Lk)
-    key_term, shaw_idx = None, None
-    if isinstance(spec.relative, Shaw):
-        shaw_idx = rel.shaw_index(delta, spec.relative.max_distance)
-    if spec.relative is not None and "rel_k" in p:
-        term, key_term = relative_key_term(spec, p, q, call, delta)
+    if hooks.uses("key_term"):  # REL-3 (2), REL-1
+        term, saved["key_term"] = hooks.call("key_term", p, q, ctx)
         logits = logits + spec.relative_scale * term  # SCALE-3
+    if hooks.uses("bias"):  # REL-3 (3): unscaled, like the bias input
+        scheme_bias, saved["bias"] = hooks.call("bias", p, ctx)
+        logits = logits + scheme_bias
     if call.bias is not None:
         logits = logits + call.bias  # BIAS-1: never scaled (SCALE-4)
 
@@ -116,14 +104,12 @@ def run(spec: AttentionSpec, call: Call) -> Trace:
         dropped = np.where(call.dropout_keep, weights / (1.0 - spec.dropout), 0.0)
 
     o = dropped @ v  # (B, H, Lq, d)
-    buckets = None
-    if isinstance(spec.relative, Shaw) and spec.relative.values:  # SHAW-4
-        buckets = rel.scatter_buckets(dropped, shaw_idx, spec.relative.num_rows)
-        o = o + buckets @ rel.as_4d(p["rel_v"])
+    if hooks.uses("value_term"):  # REL-3 (4), REL-1: from the weights after dropout (DROP-4)
+        o_add, saved["value_term"] = hooks.call("value_term", p, dropped, ctx)
+        o = o + o_add
     merged = merge_heads(o)  # (B, Lq, D)
     out = project(merged, p["wo"], p.get("bo"))  # OUT-1
-    return Trace(call, q, k, v, dead, allowed, weights, dropped, shaw_idx, buckets, key_term,
-                 merged, out)
+    return Trace(call, hooks, ctx, q, k, v, dead, allowed, weights, dropped, merged, out, saved)
 
 
 def attention(spec: AttentionSpec, params: dict, query, key=None, value=None, *, mask=None,

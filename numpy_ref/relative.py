@@ -1,5 +1,7 @@
-"""Relative-position terms: table lookups, the skew, bucket sums, and their VJPs.
+"""Relative-position table machinery: lookups, the skew, bucket sums, and their VJPs.
 
+The scheme modules (``numpy_ref/schemes/``) build their hooks from these
+units (REL-3); the index helpers are also what the conformance checks use.
 Rules SHAW-1..SHAW-5, HUANG-1..HUANG-5, REL-1, REL-2. Nothing here builds an
 array of shape (Lq, Lk, d): a relative term is always ``q @ table.T`` (one
 logit per query and table row) followed by an index operation on the last
@@ -57,6 +59,19 @@ def scatter_buckets(g: np.ndarray, index: np.ndarray, num_rows: int) -> np.ndarr
     flat = (rows + index).ravel()
     out = np.bincount(flat, weights=g.ravel(), minlength=B * H * Lq * num_rows)
     return out.reshape(B, H, Lq, num_rows)
+
+
+def gather_logits(q: np.ndarray, table4: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """SHAW-3 / HUANG-4: out[b, h, i, j] = q_i . table[index[b, i, j]], as ``q @ table.T`` then a gather.
+
+    q (B, H, Lq, d), table4 (1|B, 1|H, R, d), index (1|B, Lq, Lk) -> (B, H, Lq, Lk).
+    """
+    return gather_buckets(rows_logits(q, table4), index)
+
+
+def gather_logits_vjp(q: np.ndarray, table4: np.ndarray, index: np.ndarray, g: np.ndarray):
+    """VJP of ``gather_logits``: (dq, dtable4) from g (B, H, Lq, Lk) (GRAD-1)."""
+    return rows_logits_vjp(q, table4, scatter_buckets(g, index, table4.shape[-2]))
 
 
 # ------------------------------------------------------------------------- Shaw

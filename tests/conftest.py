@@ -1,4 +1,8 @@
+import json
 import os
+import pathlib
+import shutil
+import tempfile
 
 from hypothesis import HealthCheck, settings
 
@@ -14,29 +18,38 @@ settings.register_profile(
 )
 settings.load_profile("attnspec")
 
-
-KILLS_KEY = "attnspec/mutant-kills"
+# The mutant kill table is gathered in a temporary folder (one JSON file per
+# mutant) rather than in pytest's cache, so that it works with xdist workers
+# and under `-p no:cacheprovider` (read-only checkouts). The controller makes
+# the folder before the workers start; they inherit its path.
+KILLS_ENV = "ATTNSPEC_MUTANT_KILLS_DIR"
 
 
 def pytest_configure(config):
-    """The controller clears the kill table; test processes (xdist workers too) add to it."""
-    if not hasattr(config, "workerinput") and config.cache is not None:
-        config.cache.set(KILLS_KEY, {})
+    if not hasattr(config, "workerinput"):
+        folder = tempfile.mkdtemp(prefix="attnspec-kills-")
+        os.environ[KILLS_ENV] = folder
+        config._attnspec_kills = folder
 
 
-def record_kill(config, name, rule, cases):
-    kills = config.cache.get(KILLS_KEY, {}) or {}
-    kills[name] = [rule, cases]
-    config.cache.set(KILLS_KEY, kills)
+def record_kill(name: str, rule: str, killed_by: list) -> None:
+    """Record which (case, check) pairs claiming ``rule`` failed for mutant ``name``."""
+    folder = os.environ.get(KILLS_ENV)
+    if folder:
+        (pathlib.Path(folder) / f"{name}.json").write_text(json.dumps([rule, killed_by]), encoding="utf-8")
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    """Print the mutant kill table when the mutant tests ran."""
-    kills = config.cache.get(KILLS_KEY, {}) if config.cache is not None else {}
-    if not kills:
+    """Print the mutant kill table (mutant, its rule, the checks that claim it and failed)."""
+    folder = getattr(config, "_attnspec_kills", None)
+    if folder is None:
         return
-    terminalreporter.section("conformance mutants: every one must be killed")
-    for name, (rule, cases) in sorted(kills.items()):
-        state = f"killed by {len(cases):2d} cases" if cases else "SURVIVED"
-        first = f" (e.g. {cases[0]})" if cases else ""
-        terminalreporter.write_line(f"{name:30s} {rule:10s} {state}{first}")
+    files = sorted(pathlib.Path(folder).glob("*.json"))
+    if files:
+        terminalreporter.section("conformance mutants: each must be killed by a check claiming its rule")
+        for path in files:
+            rule, killed_by = json.loads(path.read_text(encoding="utf-8"))
+            state = f"killed by {rule} in {len(killed_by):2d} checks" if killed_by else f"SURVIVED (no failing {rule} check)"
+            first = f" (e.g. {killed_by[0][0]} [{killed_by[0][1]}])" if killed_by else ""
+            terminalreporter.write_line(f"{path.stem:34s} {state}{first}")
+    shutil.rmtree(folder, ignore_errors=True)

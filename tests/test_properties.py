@@ -23,7 +23,7 @@ def run(call, **overrides):
 @given(seeds, st.integers(-50, 50))
 def test_pos4_shift_invariance(seed, shift):
     call = random_call(seed)
-    B, Lq, Lk = call.query.shape[0], call.query.shape[1], call.key.shape[1]
+    Lq, Lk = call.query.shape[1], call.key.shape[1]
     qp = call.kwargs.get("q_positions", np.arange(Lq))
     kp = call.kwargs.get("k_positions", np.arange(Lk))
     out, w = run(call, q_positions=qp, k_positions=kp)
@@ -125,7 +125,7 @@ def test_mask7_dead_keys_change_nothing(poison, seed):
 @given(seeds)
 def test_bias2_minus_inf_bias_equals_false_mask(seed):
     call = random_call(seed)
-    B, H, Lq, Lk = call.query.shape[0], call.spec.num_heads, call.query.shape[1], call.key.shape[1]
+    B, Lq, Lk = call.query.shape[0], call.query.shape[1], call.key.shape[1]
     kw = {k: v for k, v in call.kwargs.items() if k not in ("mask", "bias")}
     mask = np.random.default_rng(seed).random((B, 1, Lq, Lk)) < 0.7
     out_m, w_m = numpy_ref.attention(*call.args(), **kw, mask=mask, return_weights=True)

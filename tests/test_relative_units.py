@@ -30,6 +30,26 @@ def test_scatter_buckets_is_the_adjoint_of_gather_buckets():
     assert np.isclose(np.sum(rel.gather_buckets(r, index) * g), np.sum(r * rel.scatter_buckets(g, index, 4)))
 
 
+def test_gather_logits_is_the_dot_with_the_indexed_row():
+    """SHAW-3 / HUANG-4: out[b, h, i, j] = q[b, h, i] . table[h, index[b, i, j]]."""
+    rng = np.random.default_rng(3)
+    q, table4 = rng.normal(size=(2, 2, 3, 4)), rng.normal(size=(1, 2, 5, 4))
+    index = rng.integers(0, 5, size=(2, 3, 6))
+    rows = table4[0][:, index].transpose(1, 0, 2, 3, 4)  # (B, H, Lq, Lk, d): fine at test sizes
+    np.testing.assert_allclose(rel.gather_logits(q, table4, index), np.einsum("bhid,bhijd->bhij", q, rows),
+                               rtol=1e-14, atol=1e-14)
+
+
+def test_gather_logits_vjp_is_its_gradient():
+    """f(q, t) = <g, gather_logits(q, t)> is bilinear, so <df/dq, q> = <df/dt, t> = f."""
+    rng = np.random.default_rng(4)
+    q, table4, g = rng.normal(size=(1, 2, 3, 4)), rng.normal(size=(1, 1, 5, 4)), rng.normal(size=(1, 2, 3, 6))
+    index = rng.integers(0, 5, size=(1, 3, 6))
+    f = np.sum(g * rel.gather_logits(q, table4, index))
+    dq, dt = rel.gather_logits_vjp(q, table4, index, g)
+    assert dq.shape == q.shape and dt.shape == table4.shape
+    assert np.isclose(np.sum(dq * q), f, rtol=1e-13) and np.isclose(np.sum(dt * table4), f, rtol=1e-13)
+
 def test_reachable_rows_are_zero_beyond_the_table():
     table = np.arange(1.0, 6.0)[:, None]  # M = 3: rows for distances -2..2 hold 1..5
     rows, row, valid = rel.reachable_rows(rel.as_4d(table), np.array([0]), Lq=3, Lk=4, max_len=3)
@@ -53,7 +73,8 @@ def test_relative_distance_is_key_minus_query():
 @pytest.mark.parametrize("first,count", [(-9, 4), (-4, 6), (-2, 3), (0, 2), (1, 7), (5, 3)])
 def test_distance_rows_of_the_implementations_are_table_rows_or_zero(framework, first, count):
     """HUANG-2/3: torch_impl and jax_impl slice the rows of distances first .. first+count-1, zero outside."""
-    impl = pytest.importorskip(f"{framework}_impl.relative", reason=f"needs {framework}: pip install attnspec[{framework}]")
+    impl = pytest.importorskip(f"{framework}_impl.relative",
+                               reason=f"needs {framework}: pip install attnspec[{framework}]")
     asarray = {"torch": lambda a: pytest.importorskip("torch").as_tensor(a),
                "jax": lambda a: pytest.importorskip("jax.numpy").asarray(a)}[framework]
     M = 3

@@ -11,11 +11,11 @@ import spec
 from spec import SPEC_VERSION, AttentionSpec, Huang, Shaw, profiles
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-RULE_REF = re.compile(r"\b(AXES|SHAPE|INPUT|PARAM|PROJ|HEAD|OUT|SCALE|POS|CAUSAL|MASK|BIAS|SOFTMAX|DROP|REL|SHAW|HUANG|GRAD|PREC|VER|PROF)-(\d+)\b")
+RULE_REF = re.compile(r"\b(AXES|SHAPE|INPUT|PARAM|PROJ|HEAD|OUT|SCALE|POS|CAUSAL|MASK|BIAS|SOFTMAX|DROP|REL|SHAW|HUANG|GRAD|PREC|KERN|VER|PROF)-(\d+)\b")
 
 
 def test_version_is_semver():
-    assert SPEC_VERSION == "1.0.0"
+    assert SPEC_VERSION == "1.1.0"
     assert re.fullmatch(r"\d+\.\d+\.\d+", SPEC_VERSION)
 
 

@@ -98,7 +98,10 @@ def test_directional_derivatives(seed):
         direction = np.where(np.isfinite(arr), rng.normal(size=arr.shape), 0.0)
         base = np.where(np.isfinite(arr), arr, 0.0)
         inf_part = np.where(np.isfinite(arr), 0.0, arr)
-        f = lambda t: objective(call, call.kwargs, g, {arg_name: base + t * direction + inf_part})
+
+        def f(t):
+            return objective(call, call.kwargs, g, {arg_name: base + t * direction + inf_part})
+
         fd = (f(EPS) - f(-EPS)) / (2 * EPS)
         analytic = float(np.sum(np.where(np.isfinite(arr), grads[arg_name], 0.0) * direction))
         assert np.isfinite(grads[arg_name]).all(), arg_name
@@ -108,7 +111,7 @@ def test_directional_derivatives(seed):
 def test_gradient_dict_names_and_order():
     spec = AttentionSpec(2, 2, relative=Shaw(1))
     call = separate_inputs(random_call(2, spec=spec, cross=True))
-    B, Lq, Lk = call.query.shape[0], call.query.shape[1], call.key.shape[1]
+    Lq, Lk = call.query.shape[1], call.key.shape[1]
     grads = numpy_ref.attention_vjp(*call.args(), upstream(call, 0), bias=np.zeros((Lq, Lk)))
     assert list(grads) == ["query", "key", "value", "bias"] + list(spec.param_shapes())
     assert grads["bias"].shape == (Lq, Lk)

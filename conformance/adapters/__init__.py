@@ -16,7 +16,12 @@ ENTRY_POINT_GROUP = "attnspec.adapters"
 BUILTIN = {
     "numpy": "conformance.adapters.numpy_ref_adapter:NumpyRefAdapter",
     "torch": "conformance.adapters.torch_impl_adapter:TorchImplAdapter",
+    "torch:eager": "conformance.adapters.torch_impl_adapter:TorchEagerAdapter",
+    "torch:sdpa": "conformance.adapters.torch_impl_adapter:TorchSDPAKernelAdapter",
+    "torch:tiles": "conformance.adapters.torch_impl_adapter:TorchTilesAdapter",
     "jax": "conformance.adapters.jax_impl_adapter:JaxImplAdapter",
+    "jax:xla": "conformance.adapters.jax_impl_adapter:JaxXlaAdapter",
+    "jax:tiles": "conformance.adapters.jax_impl_adapter:JaxTilesAdapter",
     "torch-sdpa": "conformance.adapters.torch_sdpa:TorchSDPAAdapter",
     "torch-mha": "conformance.adapters.torch_mha:TorchMHAAdapter",
     "jax-nn": "conformance.adapters.jax_nn:JaxNNAdapter",
@@ -64,7 +69,8 @@ def load_adapter(name: str) -> Adapter:
             raise AdapterError(f"adapter {name!r}: expected one of mutant/{', mutant/'.join(MUTANTS)}")
         return MUTANTS[name[len("mutant/"):]]()
     target = BUILTIN.get(name) or entry_points().get(name)
-    if target is None and ":" not in name:
+    # "torch:nope" is a mistyped kernel adapter name (prefix of a built-in one), not module:Class
+    if target is None and (":" not in name or name.partition(":")[0] in BUILTIN):
         raise AdapterError(f"unknown adapter {name!r}: expected one of {', '.join(available_names())} "
                            "or module:Class")
     return _load_spec(target or name)()

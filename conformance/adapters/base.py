@@ -96,4 +96,3 @@ class Adapter(abc.ABC):
 
     # Optional hooks, used when an adapter defines them:
     #   roundtrip_params(spec, params) -> dict   PARAM-3: canonical -> module -> canonical
-    #   relative_indices(spec, q_positions, k_positions, B, Lq, Lk) -> int array   PREC-3

@@ -1,8 +1,13 @@
-"""``jax_impl``, attnspec's own JAX implementation, jit-compiled: every feature, CPU and GPU."""
+"""``jax_impl``, attnspec's own JAX implementation, jit-compiled: every feature, CPU and GPU.
+
+One adapter per kernel (KERN-1): ``jax`` lets ``jax_impl.attention`` choose
+(``implementation=None``), ``jax:xla`` / ``jax:tiles`` pin one kernel.
+"""
 
 from __future__ import annotations
 
 import functools
+from typing import ClassVar, Optional
 
 import numpy as np
 
@@ -14,7 +19,8 @@ DIFF_INPUTS = ("query", "key", "value", "bias")
 
 class JaxImplAdapter(_jax.JaxAdapter):
     name = "jax"
-    description = "jax_impl.attention under jax.jit, gradients by jax.vjp"
+    description = "jax_impl.attention under jax.jit (kernel chosen automatically), gradients by jax.vjp"
+    implementation: ClassVar[Optional[str]] = None
 
     def capabilities(self):
         self.environment()
@@ -22,41 +28,48 @@ class JaxImplAdapter(_jax.JaxAdapter):
 
     @staticmethod
     @functools.lru_cache(maxsize=None)
-    def _compiled(spec, precision):
+    def _compiled(spec, precision, implementation):
         """(out, weights, grads) = f(params, diff_inputs, other_inputs, grad_out), jitted per spec."""
         import jax
         import jax_impl
 
-        def fwd_vjp(params, diff, other, g, self_attention):
+        def fwd_vjp(params, diff, other, g, omitted):
             def f(params, diff):
                 with jax.default_matmul_precision(precision):
                     return jax_impl.attention(spec, params, diff["query"], diff.get("key"), diff.get("value"),
-                                              bias=diff.get("bias"), **other, return_weights=True)
+                                              bias=diff.get("bias"), **other, return_weights=True,
+                                              implementation=implementation)
 
             out, pullback, weights = jax.vjp(f, params, diff, has_aux=True)
-            if self_attention:
-                # The forward of a self-attention case omits key and value (SHAPE-2) while its
-                # gradients are partials for three separate inputs: both in one program, so that
-                # each case compiles once.
-                explicit = {n: a for n, a in diff.items() if n not in ("key", "value")}
-                out, weights = f(params, explicit)
+            if omitted:
+                # The forward of a case that omits key and/or value (SHAPE-2) is called without them,
+                # while its gradients are partials for three separate inputs: both in one program, so
+                # that each case compiles once.
+                out, weights = f(params, {n: a for n, a in diff.items() if n not in omitted})
             return out, weights, pullback(g)
 
-        return jax.jit(fwd_vjp, static_argnames="self_attention")
+        return jax.jit(fwd_vjp, static_argnames="omitted")
 
     def _run(self, spec, params, inputs, grad_out, device):
         x = inputs["query"]
-        fn = self._compiled(spec, _jax.matmul_precision(x.dtype.name))
-        # A vjp call carries explicit copies of the query; recognising them lets the forward
-        # and the gradients of a self-attention case share one compiled program.
-        self_attention = "key" not in inputs or (
-            np.array_equal(inputs["key"], x) and np.array_equal(inputs.get("value", inputs["key"]), x))
-        inputs = {"key": x, "value": inputs.get("key", x), **inputs}  # explicit leaves for the vjp
+        fn = self._compiled(spec, _jax.matmul_precision(x.dtype.name), self.implementation)
+        # A vjp call carries explicit copies (of the query for self-attention, of the key for an
+        # omitted value); recognising them lets the forward and the gradients of a case share one
+        # compiled program.
+        key = inputs.get("key", x)
+        value = inputs.get("value", key)
+        if "key" not in inputs or (np.array_equal(key, x) and np.array_equal(value, x)):
+            omitted = ("key", "value")
+        elif "value" not in inputs or np.array_equal(value, key):
+            omitted = ("value",)
+        else:
+            omitted = ()
+        inputs = {**inputs, "key": key, "value": value}  # explicit leaves for the vjp
         p = {n: _jax.to_jax(a, device) for n, a in params.items()}
         diff = {n: _jax.to_jax(inputs[n], device) for n in DIFF_INPUTS if n in inputs}
         other = {n: _jax.to_jax(a, device) for n, a in inputs.items() if n not in DIFF_INPUTS}
         g = _jax.to_jax(np.zeros(x.shape, x.dtype) if grad_out is None else grad_out, device)
-        return fn(p, diff, other, g, self_attention=self_attention)
+        return fn(p, diff, other, g, omitted=omitted)
 
     def forward(self, spec, params, inputs, *, device, need_weights):
         out, weights, _ = self._run(spec, params, inputs, None, device)
@@ -77,16 +90,14 @@ class JaxImplAdapter(_jax.JaxAdapter):
         m = jax_impl.MultiHeadAttention(spec, rngs=nnx.Rngs(0), dtype=params["wq"].dtype)
         return m.load_canonical({n: np.asarray(a) for n, a in params.items()}).canonical_params()
 
-    def relative_indices(self, spec, q_positions, k_positions, B, Lq, Lk):
-        import jax.numpy as jnp
 
-        from jax_impl import relative
-        from spec import Shaw
+class JaxXlaAdapter(JaxImplAdapter):
+    name = "jax:xla"
+    description = "jax_impl with implementation='xla': whole logits, the readable baseline"
+    implementation = "xla"
 
-        qp = jnp.arange(Lq) if q_positions is None else jnp.asarray(q_positions)
-        kp = jnp.arange(Lk) if k_positions is None else jnp.asarray(k_positions)
-        delta = kp.reshape(-1, Lk)[:, None, :] - qp.reshape(-1, Lq)[:, :, None]
-        if isinstance(spec.relative, Shaw):
-            return np.asarray(relative.shaw_index(delta, spec.relative.max_distance))
-        row, valid = relative.huang_index(delta, spec.relative.max_len)
-        return np.asarray(jnp.where(valid, row, -1))
+
+class JaxTilesAdapter(JaxImplAdapter):
+    name = "jax:tiles"
+    description = "jax_impl with implementation='tiles': skew, banded Shaw sums, causal query tiles"
+    implementation = "tiles"

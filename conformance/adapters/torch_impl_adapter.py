@@ -1,9 +1,16 @@
-"""``torch_impl``, attnspec's own PyTorch implementation: every feature, CPU and CUDA."""
+"""``torch_impl``, attnspec's own PyTorch implementation: every feature, CPU and CUDA.
+
+One adapter per kernel (KERN-1), so that each is certified on its own:
+``torch`` lets ``torch_impl.attention`` choose (``implementation=None``),
+``torch:eager`` / ``torch:sdpa`` / ``torch:tiles`` pin one kernel.
+"""
 
 from __future__ import annotations
 
+from typing import ClassVar, Optional
+
 from . import _torch
-from .base import Capabilities
+from .base import FEATURES, Capabilities
 
 KWARGS = ("mask", "bias", "q_positions", "k_positions", "dropout_keep")
 DENSE = ("query", "key", "value", "bias")
@@ -11,7 +18,8 @@ DENSE = ("query", "key", "value", "bias")
 
 class TorchImplAdapter(_torch.TorchAdapter):
     name = "torch"
-    description = "torch_impl.attention (functional core) and torch_impl.MultiHeadAttention"
+    description = "torch_impl.attention (functional core, kernel chosen automatically) and its nn.Module"
+    implementation: ClassVar[Optional[str]] = None
 
     def capabilities(self):
         return Capabilities(devices=_torch.devices())
@@ -24,7 +32,7 @@ class TorchImplAdapter(_torch.TorchAdapter):
         p = {n: t[n] for n in params}
         kw = {n: t[n] for n in KWARGS if n in t}
         result = torch_impl.attention(spec, p, t["query"], t.get("key"), t.get("value"), **kw,
-                                      return_weights=need_weights)
+                                      return_weights=need_weights, implementation=self.implementation)
         return t, result
 
     def forward(self, spec, params, inputs, *, device, need_weights):
@@ -47,15 +55,37 @@ class TorchImplAdapter(_torch.TorchAdapter):
         m = torch_impl.MultiHeadAttention(spec, dtype=_torch.dtype_of(params["wq"]))
         return m.load_canonical(params).canonical_params()
 
-    def relative_indices(self, spec, q_positions, k_positions, B, Lq, Lk):
-        import torch
-        from spec import Shaw
-        from torch_impl import relative
 
-        qp = torch.arange(Lq) if q_positions is None else torch.as_tensor(q_positions)
-        kp = torch.arange(Lk) if k_positions is None else torch.as_tensor(k_positions)
-        delta = kp.reshape(-1, Lk).unsqueeze(1) - qp.reshape(-1, Lq).unsqueeze(2)
-        if isinstance(spec.relative, Shaw):
-            return relative.shaw_index(delta, spec.relative.max_distance).numpy()
-        row, valid = relative.huang_index(delta, spec.relative.max_len)
-        return torch.where(valid, row, -1).numpy()
+class TorchEagerAdapter(TorchImplAdapter):
+    name = "torch:eager"
+    description = "torch_impl with implementation='eager': whole logits, the readable baseline"
+    implementation = "eager"
+
+
+class TorchTilesAdapter(TorchImplAdapter):
+    name = "torch:tiles"
+    description = "torch_impl with implementation='tiles': cache-sized tiles, skew and banded Shaw sums"
+    implementation = "tiles"
+
+
+#: What F.scaled_dot_product_attention cannot be asked for: no relative terms, no
+#: replacement fill, no explicit keep mask, and it returns no weights.
+SDPA_MISSING = {
+    "shaw": "the sdpa kernel takes no relative scheme (use eager or tiles)",
+    "shaw-values": "the sdpa kernel takes no relative scheme",
+    "huang": "the sdpa kernel takes no relative scheme",
+    "per-head-tables": "the sdpa kernel takes no relative scheme",
+    "unscaled-relative": "the sdpa kernel takes no relative scheme",
+    "mask-fill": "the sdpa kernel gives disallowed keys exactly 0 only (MASK-5), no fill value",
+    "dropout-keep": "the sdpa kernel draws no explicit keep mask",
+}
+
+
+class TorchSDPAKernelAdapter(TorchImplAdapter):
+    name = "torch:sdpa"
+    description = "torch_impl with implementation='sdpa': F.scaled_dot_product_attention for vanilla calls"
+    implementation = "sdpa"
+
+    def capabilities(self):
+        return Capabilities(devices=_torch.devices(), features=FEATURES - set(SDPA_MISSING), weights=False,
+                            notes=dict(SDPA_MISSING))

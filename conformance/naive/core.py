@@ -1,0 +1,178 @@
+"""The generic naive arithmetic: forward and backward in a given dtype (PREC-2, GRAD-1).
+
+Axis legend: B batch, H heads, Lq query length, Lk key length, D model dim
+(= H * d), d head dim, R table rows. Inputs are (B, L, D), heads (B, H, L, d),
+logits and weights (B, H, Lq, Lk).
+
+Full (B, H, Lq, Lk) arithmetic with gathers only, written independently of
+``numpy_ref``'s forward and backward. A position scheme enters only through
+its hooks (``schemes.base``), applied in ``spec.HOOKS`` order; this module
+never names a scheme. Every rounding (``P.rnd``, ``P.mm``, ``P.lin``) is where
+the stored budgets were made with it: moving one changes ``e_base``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from spec import AttentionSpec
+
+from .keys import allowed_keys, dead_keys, positions, relative_distance
+from .precision import Precision
+from .schemes import hooks_for
+from .tables import as_4d, gather, scatter_add, sum_to
+
+
+def _split(x, H):  # (B, L, D) -> (B, H, L, d)   HEAD-2
+    B, L, D = x.shape
+    return x.reshape(B, L, H, D // H).transpose(0, 2, 1, 3)
+
+
+def _merge(x):  # (B, H, L, d) -> (B, L, D)   HEAD-2
+    B, H, L, d = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(B, L, H * d)
+
+
+def _softmax(P: Precision, logits, allowed, mask_fill):
+    """SOFTMAX-1 over keys in acc, with MASK-5 (mask_fill None: exact zeros) or MASK-6 (a float)."""
+    if mask_fill is not None:
+        z = np.where(allowed, logits, P.acc.type(mask_fill))
+        e = np.exp(z - z.max(-1, keepdims=True))
+        return e / P.rowsum(e)
+    z = np.where(allowed, logits, -np.inf).astype(P.acc)
+    m = z.max(-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0)  # a row with no allowed key
+    e = np.where(allowed, np.exp(z - m), 0)
+    den = P.rowsum(e)
+    return np.where(den > 0, e / np.where(den > 0, den, 1), 0)
+
+
+def forward(spec: AttentionSpec, params: dict, inputs: dict, dtype: str, order: int = 0):
+    """(out (B, Lq, D), weights (B, H, Lq, Lk), cache) of the naive computation in ``dtype``.
+
+    ``params`` and ``inputs`` hold float64 arrays whose values are already
+    representable in ``dtype`` (the stored, rounded inputs); ``order`` is one
+    of ``ORDERS``.
+    """
+    P = Precision(dtype, order)
+    p = {n: np.asarray(a, P.acc) for n, a in params.items()}
+    H = spec.num_heads
+    query = np.asarray(inputs["query"], P.acc)
+    key = np.asarray(inputs.get("key", inputs["query"]), P.acc)
+    value = np.asarray(inputs.get("value", inputs.get("key", inputs["query"])), P.acc)
+    B, Lq, Lk = query.shape[0], query.shape[1], key.shape[1]
+    qp, kp = positions(inputs.get("q_positions"), Lq), positions(inputs.get("k_positions"), Lk)
+    delta = relative_distance(qp, kp)  # (1|B, Lq, Lk)
+    bias = inputs.get("bias")
+    allowed = allowed_keys((B, H, Lq, Lk), delta, causal=spec.causal, mask=inputs.get("mask"), bias=bias)
+    dead = None
+    if spec.mask_fill is None:  # MASK-7: a dead key's values cannot leak, not even NaN
+        dead = dead_keys(allowed)  # (B, Lk)
+        key = np.where(dead[..., None], 0, key).astype(P.acc)
+        value = np.where(dead[..., None], 0, value).astype(P.acc)
+    scheme = spec.relative
+    hooks = frozenset() if scheme is None else scheme.hooks
+    impl = None if scheme is None else hooks_for(scheme)
+
+    q = _split(P.lin(query, p["wq"], p.get("bq")), H)  # (B, H, Lq, d)
+    k = _split(P.lin(key, p["wk"], p.get("bk")), H)  # (B, H, Lk, d)
+    v = _split(P.lin(value, p["wv"], p.get("bv")), H)  # (B, H, Lk, d)
+    if "qk_transform" in hooks:
+        q, k = impl.qk_transform(scheme, P, q, k, qp, kp)
+    s, s_rel = spec.effective_scale, spec.relative_scale
+    q_s = P.rnd(q * s) if order == 1 else q
+    logits = P.mm(q_s, k.swapaxes(-1, -2))  # (B, H, Lq, Lk)
+    if order == 0:
+        logits = P.rnd(logits * s)
+    key_index = key_valid = value_index = buckets = None
+    if "key_term" in hooks:  # q_i . rel_k[row(b, i, j)], scaled by s_rel (SCALE-3)
+        key_index, key_valid = impl.key_index(scheme, delta)  # (1|B, Lq, Lk)
+        q_r = P.rnd(q * s_rel) if order == 1 else q
+        rows = P.mm(q_r, as_4d(p["rel_k"]).swapaxes(-1, -2))  # (B, H, Lq, R)
+        term = gather(rows, key_index)  # (B, H, Lq, Lk)
+        if key_valid is not None:
+            term = np.where(key_valid[:, None], term, 0)
+        if order == 0:
+            term = P.rnd(term * s_rel)
+        logits = P.rnd(logits + term)
+    if "bias" in hooks:
+        logits = P.rnd(logits + impl.bias(scheme, P, p, delta))
+    if bias is not None:  # BIAS-1: never scaled
+        logits = P.rnd(logits + np.asarray(bias, P.acc))
+
+    w = P.rnd(_softmax(P, logits, allowed, spec.mask_fill))
+    keep = inputs.get("dropout_keep")  # DROP-1
+    wd = w if keep is None else P.rnd(np.where(keep, w / P.acc.type(1 - spec.dropout), 0))
+    o = P.mm(wd, v)  # (B, H, Lq, d)
+    if "value_term" in hooks:  # sum_j wd_ij rel_v[row(b, i, j)] as bucket sums @ rel_v
+        value_index = impl.value_index(scheme, delta)  # (1|B, Lq, Lk)
+        rv = as_4d(p["rel_v"])
+        buckets = P.rnd(scatter_add(wd, value_index, rv.shape[-2]))  # (B, H, Lq, R)
+        o = P.rnd(o + P.mm(buckets, rv))
+    merged = _merge(o)  # (B, Lq, D)
+    out = P.lin(merged, p["wo"], p.get("bo"))
+    cache = dict(P=P, p=p, q=q, k=k, v=v, key=key, value=value, query=query, dead=dead, allowed=allowed,
+                 w=w, wd=wd, keep=keep, bias=bias, merged=merged, scheme=scheme, hooks=hooks, impl=impl,
+                 qp=qp, kp=kp, delta=delta, key_index=key_index, key_valid=key_valid,
+                 value_index=value_index, buckets=buckets)
+    return out, w, cache
+
+
+def backward(spec: AttentionSpec, cache: dict, grad_out, order: int = 0) -> dict:
+    """Gradients of <out, grad_out> by the same naive arithmetic (GRAD-1), float64 arrays by name.
+
+    ``cache`` is what ``forward`` returned with the same ``order``; grad_out is (B, Lq, D).
+    """
+    c = cache
+    P, p, hooks, impl, scheme = c["P"], c["p"], c["hooks"], c["impl"], c["scheme"]
+    H = spec.num_heads
+    g = P.rnd(np.asarray(grad_out, np.float64))
+    grads = {}
+
+    def lin_vjp(x, w, gy):  # (dx, dw, db) of y = x @ w + b
+        rows_x, rows_g = x.reshape(-1, x.shape[-1]), gy.reshape(-1, gy.shape[-1])
+        db = P.rnd(P.rowsum(rows_g.T)[:, 0])  # summed over every (batch, position), in order
+        return P.mm(gy, w.T), P.mm(rows_x.T, rows_g), db
+
+    d_merged, grads["wo"], dbo = lin_vjp(c["merged"], p["wo"], g)
+    d_o = _split(d_merged, H)  # (B, H, Lq, d)
+    d_wd = P.mm(d_o, c["v"].swapaxes(-1, -2))  # (B, H, Lq, Lk)
+    d_v = P.mm(c["wd"].swapaxes(-1, -2), d_o)  # (B, H, Lk, d)
+    if "value_term" in hooks:
+        rv = as_4d(p["rel_v"])
+        grads["rel_v"] = P.rnd(sum_to(c["buckets"].swapaxes(-1, -2) @ d_o, rv.shape)).reshape(p["rel_v"].shape)
+        d_wd = P.rnd(d_wd + gather(P.mm(d_o, rv.swapaxes(-1, -2)), c["value_index"]))
+    d_w = d_wd if c["keep"] is None else P.rnd(np.where(c["keep"], d_wd / P.acc.type(1 - spec.dropout), 0))
+    w = c["w"]
+    d_logits = P.rnd(np.where(c["allowed"], w * (d_w - P.rowsum(w * d_w)), 0))  # GRAD-2
+    if c["bias"] is not None:
+        grads["bias"] = P.rnd(sum_to(d_logits, np.shape(c["bias"])))
+    if "bias" in hooks:
+        grads.update(impl.bias_vjp(scheme, P, p, c["delta"], d_logits))
+    s, s_rel = spec.effective_scale, spec.relative_scale
+    d_scaled = P.rnd(d_logits * s)
+    if order == 1:  # the query was scaled first: scale its gradient last
+        d_q = P.rnd(P.mm(d_logits, c["k"]) * s)
+    else:
+        d_q = P.mm(d_scaled, c["k"])
+    d_k = P.mm(d_scaled.swapaxes(-1, -2), c["q"])
+    if "key_term" in hooks:
+        g_term = P.rnd(d_logits * s_rel)
+        if c["key_valid"] is not None:
+            g_term = np.where(c["key_valid"][:, None], g_term, 0)
+        rk = as_4d(p["rel_k"])
+        g_rows = P.rnd(scatter_add(g_term, c["key_index"], rk.shape[-2]))  # (B, H, Lq, R)
+        d_q = P.rnd(d_q + P.mm(g_rows, rk))
+        grads["rel_k"] = P.rnd(sum_to(g_rows.swapaxes(-1, -2) @ c["q"], rk.shape)).reshape(p["rel_k"].shape)
+    if "qk_transform" in hooks:
+        d_q, d_k = impl.qk_transform_vjp(scheme, P, d_q, d_k, c["qp"], c["kp"])
+    for name, x, d_head in (("q", c["query"], d_q), ("k", c["key"], d_k), ("v", c["value"], d_v)):
+        dx, grads["w" + name], db = lin_vjp(x, p["w" + name], _merge(d_head))
+        if c["dead"] is not None and name != "q":  # MASK-7: a dead key gets no gradient
+            dx = np.where(c["dead"][..., None], 0, dx)
+        grads[{"q": "query", "k": "key", "v": "value"}[name]] = dx
+        if spec.bias:
+            grads["b" + name] = db
+    if spec.bias:
+        grads["bo"] = dbo
+    return {n: np.asarray(a, np.float64) for n, a in grads.items()}
