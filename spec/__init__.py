@@ -13,10 +13,10 @@ from importlib import resources
 from . import profiles
 from .core import SPEC_VERSION, AttentionSpec
 from .huang import Huang
-from .schemes import HOOKS, Scheme, register, scheme_classes, scheme_from_json
+from .schemes import HOOKS, Scheme, register, scheme_classes, scheme_from_json, unregister
 from .shaw import Shaw
 
-__all__ = ["AttentionSpec", "Shaw", "Huang", "Scheme", "HOOKS", "register", "scheme_classes", "scheme_from_json",
+__all__ = ["AttentionSpec", "Shaw", "Huang", "Scheme", "HOOKS", "register", "unregister", "scheme_classes", "scheme_from_json",
            "profiles", "SPEC_VERSION", "rule_ids"]
 
 # A rule is declared in the text as a bold id at the start of a line: **MASK-5**

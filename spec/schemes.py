@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-__all__ = ["HOOKS", "Scheme", "register", "scheme_classes", "scheme_from_json"]
+__all__ = ["HOOKS", "Scheme", "register", "unregister", "scheme_classes", "scheme_from_json"]
 
 #: The hook kinds, in the order the core applies them (REL-3).
 HOOKS = ("qk_transform", "key_term", "bias", "value_term")
@@ -70,6 +70,14 @@ def register(cls: type) -> type:
         raise ValueError(f"register: scheme name {cls.name!r} is taken by {other.__name__}")
     _REGISTRY[cls.name] = cls
     return cls
+
+
+def unregister(name: str) -> None:
+    """Remove a scheme class from the registry (for outside schemes and tests; the built-in ones stay)."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unregister: expected a registered scheme name ({', '.join(sorted(_REGISTRY))}), "
+                         f"got {name!r}")
+    del _REGISTRY[name]
 
 
 def scheme_classes() -> dict[str, type]:

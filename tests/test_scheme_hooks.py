@@ -75,11 +75,7 @@ class Unbound(Scheme):
 
 @pytest.fixture(autouse=True, scope="module")
 def registered():
-    """Register the toy schemes in spec and the toy's module in numpy_ref; undo it afterwards.
-
-    ``spec`` has no public way to unregister, so the teardown removes exactly
-    the names this fixture added from ``spec.schemes._REGISTRY``.
-    """
+    """Register the toy schemes in spec and the toy's module in numpy_ref; undo exactly that afterwards."""
     added_spec = [cls for cls in (ToyBiasRotate, Unbound) if cls.name not in spec.scheme_classes()]
     for cls in added_spec:
         spec.register(cls)
@@ -88,7 +84,7 @@ def registered():
         schemes.register_module(TOY, sys.modules[__name__])
     yield
     for cls in added_spec:
-        spec.schemes._REGISTRY.pop(cls.name, None)
+        spec.unregister(cls.name)
     if added_module:
         schemes.REGISTRY.pop(TOY, None)
 

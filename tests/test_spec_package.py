@@ -87,3 +87,27 @@ def test_every_reference_function_cites_its_rules():
     missing = [f.__qualname__ for f in public + helpers
                if not RULE_REF.search((inspect.getdoc(f) or "") + (inspect.getdoc(inspect.getmodule(f)) or ""))]
     assert not missing
+
+
+def test_scheme_registry_errors_name_what_was_expected():
+    import dataclasses
+
+    import pytest
+
+    import spec
+
+    with pytest.raises(TypeError, match=r"register: expected a dataclass subclassing spec.Scheme, got <class 'int'>"):
+        spec.register(int)
+
+    @dataclasses.dataclass(frozen=True)
+    class Clash(spec.Scheme):
+        name = "shaw"
+        rule_prefix = "CLASH"
+
+    with pytest.raises(ValueError, match=r"register: scheme name 'shaw' is taken by Shaw"):
+        spec.register(Clash)
+    with pytest.raises(ValueError, match=r"unregister: expected a registered scheme name \(huang, shaw\), got 'nope'"):
+        spec.unregister("nope")
+    with pytest.raises(ValueError, match=r"scheme: expected one of \['huang', 'shaw'\], got 'nope'"):
+        spec.scheme_from_json({"scheme": "nope"})
+    assert spec.scheme_from_json(spec.Shaw(3, per_head=True).to_json()) == spec.Shaw(3, per_head=True)
