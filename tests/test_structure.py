@@ -91,3 +91,37 @@ def test_dependencies_point_one_way(package, forbidden):
     bad = [f"{p.relative_to(ROOT)} imports {sorted(_imports(p) & forbidden)}"
            for p in sorted((ROOT / package).rglob("*.py")) if _imports(p) & forbidden]
     assert not bad, "\n".join(bad)
+
+
+def _backend_modules(name: str) -> dict:
+    """Whether each backend's registry knows scheme ``name`` (REL-4): backend -> module or an error."""
+    from conformance.naive import schemes as naive_schemes
+    from numpy_ref import schemes as ref_schemes
+
+    found = {"numpy_ref": name in ref_schemes.REGISTRY, "conformance.naive": name in naive_schemes.registered()}
+    for backend in ("torch_impl", "jax_impl"):
+        registry = importlib.import_module(f"{backend}.schemes")
+        found[backend] = name in registry.REGISTRY
+    return found
+
+
+@pytest.mark.parametrize("name", list(SCHEMES))
+def test_every_scheme_is_complete(name):
+    """Each scheme spec exports has a module in every backend, a chapter, a case and a mutant."""
+    cls = SCHEMES[name]
+    missing = [backend for backend, ok in _backend_modules(name).items() if not ok]
+    assert not missing, f"scheme {name!r} has no module in {missing}"
+    assert f"{cls.rule_prefix}-1" in spec.rule_ids(), f"scheme {name!r} has no chapter ({cls.rule_prefix}-1..)"
+    cases = [c.id for c in catalog.CASES if c.spec.relative is not None and c.spec.relative.name == name]
+    assert cases, f"scheme {name!r} has no conformance case"
+    mutants = [m for m, cls_ in MUTANTS.items() if cls_.scheme == name]
+    assert mutants, f"scheme {name!r} has no mutant (a Mutant subclass with scheme = {name!r})"
+    assert set(spec.HOOKS) >= cls(**_smallest_fields(cls)).hooks
+
+
+def _smallest_fields(cls) -> dict:
+    """Constructor arguments for a scheme's required fields (small positive ints)."""
+    import dataclasses
+
+    return {f.name: 2 for f in dataclasses.fields(cls)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}

@@ -4,24 +4,25 @@
 test_conformance_matrix.py.)
 """
 
-import contextlib
 import re
 import subprocess
 import sys
 import textwrap
-from unittest import mock
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch", reason="torch_impl needs PyTorch: pip install attnspec[torch]")
 
+from _random_calls import random_call  # noqa: E402
+
 import numpy_ref  # noqa: E402
 import torch_impl  # noqa: E402
+from conformance.adapters.torch_impl_adapter import TorchImplAdapter  # noqa: E402
 from spec import AttentionSpec, Huang, Shaw  # noqa: E402
-
-from _random_calls import random_call  # noqa: E402
+from torch_impl.kernels import Tiles, tiles  # noqa: E402
 
 CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
                                                      reason="no CUDA device present on this machine"))
@@ -29,7 +30,9 @@ DEVICES = ["cpu", CUDA]
 
 
 def tensors(call, device="cpu", requires_grad=False):
-    t = lambda a: None if a is None else torch.as_tensor(np.asarray(a), device=device)
+    def t(a):
+        return None if a is None else torch.as_tensor(np.asarray(a), device=device)
+
     params = {n: t(a).requires_grad_(requires_grad) for n, a in call.params.items()}
     q, k, v = (t(a).clone().requires_grad_(requires_grad) for a in (call.query, call.key, call.value))
     kw = {n: t(a) for n, a in call.kwargs.items()}
@@ -38,32 +41,35 @@ def tensors(call, device="cpu", requires_grad=False):
     return params, q, k, v, kw
 
 
-def tiny_tiles():
-    """The explicit path cut into tiles of 2 or 3 queries of one (batch, head) pair."""
-    from torch_impl import functional
+#: The tiles kernel cut into tiles of 2 or 3 queries of one (batch, head) pair, on any device.
+TINY_TILES = Tiles(elements=6, query_rows=3, min_rows=2)
 
-    return mock.patch.multiple(functional, TILE_ELEMENTS=6, ACCELERATOR_TILE_ELEMENTS=6, MIN_TILE_ROWS=2,
-                               QUERY_TILE_ROWS=3)
+
+class TinyTilesAdapter(TorchImplAdapter):
+    """The torch adapter with every call on the tiny tiles (a module:Class adapter for the CLI)."""
+
+    name = "torch:tiles-tiny"
+    implementation = TINY_TILES
 
 
 @pytest.mark.parametrize("tiles", ["default", "tiny"])
 @pytest.mark.parametrize("device", DEVICES)
 @given(seed=st.integers(0, 2**32 - 1))
 def test_forward_and_gradients_match_the_reference_in_float64(device, tiles, seed):
-    with tiny_tiles() if tiles == "tiny" else contextlib.nullcontext():
-        check_against_reference(device, seed)
+    check_against_reference(device, seed, TINY_TILES if tiles == "tiny" else None)
 
 
-def check_against_reference(device, seed):
+def check_against_reference(device, seed, implementation=None):
     call = random_call(seed)
     call.key, call.value = call.key.copy(), call.value.copy()
     params, q, k, v, kw = tensors(call, device, requires_grad=True)
+    kw["implementation"] = implementation
     out, w = torch_impl.attention(call.spec, params, q, k, v, **kw, return_weights=True)
     ref_out, ref_w = numpy_ref.attention(*call.args(), **call.kwargs, return_weights=True)
     np.testing.assert_allclose(out.detach().cpu().numpy(), ref_out, rtol=0, atol=1e-12)
     np.testing.assert_allclose(w.detach().cpu().numpy(), ref_w, rtol=0, atol=1e-12)
     g = np.random.default_rng(seed).normal(size=ref_out.shape)
-    # the gradient path without weights may take the fused kernel: check it too
+    # the gradient path without weights may take the fused kernel (implementation=None): check it too
     out2 = torch_impl.attention(call.spec, params, q, k, v, **kw)
     np.testing.assert_allclose(out2.detach().cpu().numpy(), ref_out, rtol=0, atol=1e-12)
     with torch.no_grad():  # no gradient recorded: the tiles reuse their buffers
@@ -72,7 +78,7 @@ def check_against_reference(device, seed):
     out2.backward(torch.as_tensor(g, device=device))
     ref = numpy_ref.attention_vjp(*call.args(), g, **call.kwargs)
     got = {"query": q.grad, "key": k.grad, "value": v.grad, **{n: p.grad for n, p in params.items()}}
-    if "bias" in kw:
+    if "bias" in call.kwargs:
         got["bias"] = kw["bias"].grad
     for name, expected in ref.items():
         np.testing.assert_allclose(got[name].cpu().numpy(), expected, rtol=0, atol=1e-11, err_msg=name)
@@ -117,8 +123,7 @@ def test_the_whole_conformance_run_passes_with_tiny_tiles(capsys):
     """Every case, dtype, gradient and exact check of the torch adapter, with tiles of 2 or 3 queries."""
     from conformance import cli
 
-    with tiny_tiles():
-        code = cli.main(["run", "--adapter", "torch", "--device", "cpu", "--no-progress"])
+    code = cli.main(["run", "--adapter", f"{__name__}:TinyTilesAdapter", "--device", "cpu", "--no-progress"])
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
     assert re.search(r"\b[1-9]\d* passed, 0 failed, 0 expected deviations, 0 skipped", out), out[-1000:]
@@ -127,14 +132,12 @@ def test_the_whole_conformance_run_passes_with_tiny_tiles(capsys):
 @pytest.mark.parametrize("relative", [Shaw(3), Huang(200), None], ids=["shaw", "huang", "none"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 def test_default_tiles_at_a_length_that_splits_them_match_the_reference(relative, causal):
-    """Lq = 300 > QUERY_TILE_ROWS: two query tiles, causal ones reading only the keys up to their last query."""
-    from torch_impl import functional
-
+    """Lq = 300 > CPU_QUERY_ROWS: two query tiles, causal ones reading only the keys up to their last query."""
     spec = AttentionSpec(1, 4, relative=relative, causal=causal, dropout=0.25)
     params = numpy_ref.init_params(spec, 1)
     rng = np.random.default_rng(2)
     x, keep = rng.normal(size=(1, 300, 4)), rng.random((1, 1, 300, 300)) < 0.75  # keep: the explicit path
-    assert functional.QUERY_TILE_ROWS < 300
+    assert tiles.CPU_QUERY_ROWS < 300
     got, w = torch_impl.attention(spec, {n: torch.as_tensor(a) for n, a in params.items()}, torch.as_tensor(x),
                                   dropout_keep=torch.as_tensor(keep), return_weights=True)
     ref, ref_w = numpy_ref.attention(spec, params, x, dropout_keep=keep, return_weights=True)
@@ -181,9 +184,17 @@ def test_load_canonical_refuses_silent_casts_and_bad_entries():
         m.load_canonical(params64)
     params32 = {n: a.astype(np.float32) for n, a in params64.items()}
     params32.pop("bo")
+    # the wording of the functional entry point (spec.validation.check_params, PARAM-2)
     with pytest.raises(ValueError, match=re.escape("params: expected entries ['wq', 'wk', 'wv', 'wo', 'bq', 'bk', "
-                                                   "'bv', 'bo'] for this spec, got missing ['bo'], unexpected []")):
+                                                   "'bv', 'bo'] for this spec, got missing ['bo']")):
         m.load_canonical(params32)
+    with pytest.raises(ValueError, match=re.escape("params: expected entries ['wq', 'wk', 'wv', 'wo', 'bq', 'bk', "
+                                                   "'bv', 'bo'] for this spec (no others), got unexpected ['rel_k']")):
+        m.load_canonical({**params64, "rel_k": np.zeros((3, 3))})
+    with pytest.raises(ValueError, match=re.escape("params['wq']: expected shape (6, 6), got (6, 3)")):
+        m.load_canonical({**params64, "wq": params64["wq"][:, :3]})
+    with pytest.raises(TypeError, match=re.escape("params['bo']: expected a floating-point array, got dtype int64")):
+        m.load_canonical({**params64, "bo": np.zeros(6, np.int64)})
 
 
 # ---------------------------------------------------------------- interop
@@ -233,11 +244,10 @@ def test_torch_compile_matches_eager_on_cpu(relative):
     mask = torch.rand(2, 1, 1, 8) < 0.9
     compiled = torch.compile(m)
     np.testing.assert_allclose(compiled(x, mask=mask).detach().numpy(), m(x, mask=mask).detach().numpy(), atol=1e-5)
-    from torch_impl import functional
-
-    # two query tiles, no gradient recorded (eager reuses tile buffers there)
-    with torch.no_grad(), mock.patch.object(functional, "QUERY_TILE_ROWS", 4):
-        np.testing.assert_allclose(compiled(x).numpy(), m(x).numpy(), atol=1e-5)
+    # two query tiles, no gradient recorded (outside compile the tiles reuse their buffers there)
+    with torch.no_grad():
+        np.testing.assert_allclose(compiled(x, implementation=Tiles(query_rows=4)).numpy(),
+                                   m(x, implementation=Tiles(query_rows=4)).numpy(), atol=1e-5)
 
 
 # ---------------------------------------------------------------- memory

@@ -9,15 +9,14 @@ layout exactly (PARAM-3).
 
 from __future__ import annotations
 
-
 import numpy as np
 import torch
 from torch import nn
 
 from spec import AttentionSpec
-from spec.validation import fail_type, fail_value
+from spec.validation import ArrayInfo, check_params, fail_type
 
-from . import functional
+from . import _checks, functional
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
@@ -49,6 +48,16 @@ def from_numpy(a, dtype: torch.dtype, device) -> torch.Tensor:
     return t.to(device)
 
 
+def _describe(name: str, a) -> ArrayInfo:
+    """A tensor or NumPy array (bfloat16 through ml_dtypes) as the checks see it (INPUT-1)."""
+    if isinstance(a, torch.Tensor):
+        return _checks.describe(name, a)
+    a = np.asarray(a)
+    kinds = {"f": "float", "i": "int", "u": "int", "b": "bool", "c": "complex"}
+    kind = "float" if a.dtype.name == "bfloat16" else kinds.get(a.dtype.kind, "other")
+    return ArrayInfo(tuple(a.shape), kind, a.dtype.name)
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with optional Shaw or Huang relative positions (spec/attention.md).
 
@@ -60,7 +69,8 @@ class MultiHeadAttention(nn.Module):
     biases zero, relative tables N(0, 0.02^2).
 
     ``forward(query, key=None, value=None, *, mask, bias, q_positions, k_positions,
-    dropout_keep, return_weights)`` has the keywords of ``torch_impl.attention``. In
+    dropout_keep, return_weights, implementation)`` has the keywords of
+    ``torch_impl.attention`` (``implementation`` picks the kernel, KERN-1). In
     training mode with ``spec.dropout > 0`` and no ``dropout_keep``, the keep mask is
     drawn from the torch RNG with P(keep) = 1 - p (DROP-3); in eval mode there is no
     dropout unless a keep mask is passed.
@@ -108,20 +118,17 @@ class MultiHeadAttention(nn.Module):
 
     @torch.no_grad()
     def load_canonical(self, params: dict) -> "MultiHeadAttention":
-        """Copy a canonical parameter set (NumPy arrays or tensors of the module's dtype) in, exactly."""
+        """Copy a canonical parameter set (NumPy arrays or tensors of the module's dtype) in, exactly.
+
+        Names and shapes are checked as at ``torch_impl.attention`` (PARAM-1, PARAM-2);
+        an array of another dtype is refused, never cast (INPUT-1).
+        """
         if not isinstance(params, dict):
             raise TypeError(f"params: expected a dict of arrays, got {type(params).__name__}")
-        expected = self.spec.param_shapes()
-        if sorted(params) != sorted(expected):
-            missing = [n for n in expected if n not in params]
-            extra = sorted(n for n in params if n not in expected)
-            raise fail_value("params", f"entries {list(expected)} for this spec",
-                             f"missing {missing}, unexpected {extra}")
+        check_params(self.spec, {n: _describe(f"params[{n!r}]", a) for n, a in params.items()})
         ref = self.q_proj.weight
-        for name, shape in expected.items():
+        for name in self.spec.param_shapes():
             t = from_numpy(params[name], ref.dtype, ref.device)
-            if tuple(t.shape) != shape:
-                raise fail_value(f"params[{name!r}]", f"shape {shape}", tuple(t.shape))
             if name in ("rel_k", "rel_v"):
                 getattr(self, name).copy_(t)
             else:
@@ -134,7 +141,7 @@ class MultiHeadAttention(nn.Module):
         return {n: to_numpy(t) for n, t in self.params().items()}
 
     def forward(self, query, key=None, value=None, *, mask=None, bias=None, q_positions=None,
-                k_positions=None, dropout_keep=None, return_weights: bool = False):
+                k_positions=None, dropout_keep=None, return_weights: bool = False, implementation=None):
         if dropout_keep is None and self.training and self.spec.dropout > 0:
             B, Lq, _ = query.shape
             Lk = (query if key is None else key).shape[1]
@@ -142,7 +149,8 @@ class MultiHeadAttention(nn.Module):
             dropout_keep = torch.rand(shape, device=query.device) >= self.spec.dropout
         return functional.attention(self.spec, self.params(), query, key, value, mask=mask, bias=bias,
                                     q_positions=q_positions, k_positions=k_positions,
-                                    dropout_keep=dropout_keep, return_weights=return_weights)
+                                    dropout_keep=dropout_keep, return_weights=return_weights,
+                                    implementation=implementation)
 
     def extra_repr(self) -> str:
         return repr(self.spec)

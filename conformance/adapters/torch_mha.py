@@ -1,7 +1,8 @@
 """``torch.nn.MultiheadAttention`` (batch_first), loaded with the canonical parameters.
 
 Mapping (spec/comparison.md): ``in_proj_weight`` stacks wq.T, wk.T, wv.T
-(PyTorch stores (out, in)); ``out_proj.weight`` is wo.T. Its boolean masks
+(PyTorch stores (out, in)); ``out_proj.weight`` is wo.T; the one copy of
+that map is ``torch_impl.interop`` (``to_torch_mha``, ``canonical_of``). Its boolean masks
 are True = *not allowed*, so the adapter passes the inverted allowed mask as
 ``attn_mask`` of shape (B*H, Lq, Lk); a bias goes in as a float attn_mask.
 """
@@ -14,40 +15,23 @@ from . import _torch
 from .base import Capabilities
 
 
-def to_module(spec, params: dict, device: str, dtype):
-    import torch
+def to_module(spec, params: dict, device: str):
+    """The module holding the canonical parameters (in their dtype), in eval mode: torch_impl's layout map."""
+    import torch_impl
 
-    D, H = spec.model_dim, spec.num_heads
-    m = torch.nn.MultiheadAttention(D, H, bias=spec.bias, batch_first=True, device=device, dtype=dtype)
-    with torch.no_grad():
-        t = {n: _torch.to_torch(a, device) for n, a in params.items()}
-        m.in_proj_weight.copy_(torch.cat([t["wq"].T, t["wk"].T, t["wv"].T], dim=0))
-        m.out_proj.weight.copy_(t["wo"].T)
-        if spec.bias:
-            m.in_proj_bias.copy_(torch.cat([t["bq"], t["bk"], t["bv"]]))
-            m.out_proj.bias.copy_(t["bo"])
-    return m.eval()
+    return torch_impl.to_torch_mha(spec, params, device=device).eval()
 
 
 def from_module(spec, m) -> dict:
-    D = spec.model_dim
-    w = _torch.to_numpy(m.in_proj_weight)
-    params = {"wq": w[:D].T.copy(), "wk": w[D:2 * D].T.copy(), "wv": w[2 * D:].T.copy(),
-              "wo": _torch.to_numpy(m.out_proj.weight).T.copy()}
-    if spec.bias:
-        b = _torch.to_numpy(m.in_proj_bias)
-        params.update(bq=b[:D].copy(), bk=b[D:2 * D].copy(), bv=b[2 * D:].copy(), bo=_torch.to_numpy(m.out_proj.bias))
-    return params
+    from torch_impl import interop
+
+    return interop.canonical_of(m)
 
 
 def grads_of(spec, m) -> dict:
-    D = spec.model_dim
-    g = _torch.to_numpy(m.in_proj_weight.grad)
-    grads = {"wq": g[:D].T, "wk": g[D:2 * D].T, "wv": g[2 * D:].T, "wo": _torch.to_numpy(m.out_proj.weight.grad).T}
-    if spec.bias:
-        b = _torch.to_numpy(m.in_proj_bias.grad)
-        grads.update(bq=b[:D], bk=b[D:2 * D], bv=b[2 * D:], bo=_torch.to_numpy(m.out_proj.bias.grad))
-    return grads
+    from torch_impl import interop
+
+    return interop.canonical_of(m, grad=True)
 
 
 class TorchMHAAdapter(_torch.TorchAdapter):
@@ -83,7 +67,7 @@ class TorchMHAAdapter(_torch.TorchAdapter):
     def forward(self, spec, params, inputs, *, device, need_weights):
         import torch
 
-        m = to_module(spec, params, device, _torch.dtype_of(inputs["query"]))
+        m = to_module(spec, params, device)
         leaves = {n: _torch.to_torch(inputs[n], device) for n in ("query", "key", "value", "bias") if n in inputs}
         with torch.no_grad():
             out, w = self._run(spec, m, inputs, device, leaves)
@@ -93,7 +77,7 @@ class TorchMHAAdapter(_torch.TorchAdapter):
         return result
 
     def vjp(self, spec, params, inputs, grad_out, *, device):
-        m = to_module(spec, params, device, _torch.dtype_of(inputs["query"]))
+        m = to_module(spec, params, device)
         leaves = {n: _torch.to_torch(inputs[n], device, requires_grad=True)
                   for n in ("query", "key", "value", "bias") if n in inputs}
         out, _ = self._run(spec, m, inputs, device, leaves)
@@ -103,5 +87,5 @@ class TorchMHAAdapter(_torch.TorchAdapter):
         return {n: np.asarray(g) for n, g in grads.items()}
 
     def roundtrip_params(self, spec, params):
-        m = to_module(spec, params, "cpu", _torch.dtype_of(params["wq"]))
+        m = to_module(spec, params, "cpu")
         return from_module(spec, m)

@@ -1,0 +1,431 @@
+"""torch_impl's kernels (KERN-1): each against the float64 reference, the tile hooks against plain gathers,
+the choice of kernel and its errors.
+
+Float comparisons use the harness's budget (PREC-2, ``conformance.tolerance.budget``):
+``k * e_base + floor``, e_base the error of the naive same-dtype emulation
+(``conformance.naive``) against the truth, the floor 4 ulps of the truth's
+scale. The unit tests of the index algorithms (banded Shaw sums, the Huang
+skew) use small integers, whose products and sums are exact in float64, so
+they compare exactly: an index off by one cannot hide in a tolerance.
+"""
+
+import re
+from types import SimpleNamespace
+from unittest import mock
+
+import numpy as np
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch", reason="torch_impl needs PyTorch: pip install attnspec[torch]")
+
+from _random_calls import random_call  # noqa: E402
+
+import numpy_ref  # noqa: E402
+import torch_impl  # noqa: E402
+from conformance import naive, tolerance  # noqa: E402
+from numpy_ref import relative as ref_rel  # noqa: E402
+from spec import AttentionSpec, Huang, Shaw  # noqa: E402
+from torch_impl import kernels, schemes  # noqa: E402
+from torch_impl._workspace import Workspace  # noqa: E402
+from torch_impl.kernels import Call, Tiles  # noqa: E402
+from torch_impl.schemes import huang, shaw  # noqa: E402
+
+#: Tiles of 2 or 3 queries of one (batch, head) pair: every boundary of the tiles kernel is crossed.
+TINY = Tiles(elements=6, query_rows=3, min_rows=2)
+KERNELS = {"eager": "eager", "sdpa": "sdpa", "tiles": "tiles", "tiles-tiny": TINY}
+GRADIENT_KERNELS = ("eager", "tiles", "tiles-tiny")
+TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+# ---------------------------------------------------------------- the harness's budgets
+def rounded_call(call, dtype: str):
+    """The call's arrays rounded to dtype, as float64 NumPy (the truth's inputs, PREC-1)."""
+    def r(a):
+        return None if a is None else np.asarray(a).astype(naive.storage_dtype(dtype)).astype(np.float64)
+
+    call.params = {n: r(a) for n, a in call.params.items()}
+    call.query, call.key, call.value = r(call.query), r(call.key), r(call.value)
+    if "bias" in call.kwargs:
+        call.kwargs["bias"] = r(call.kwargs["bias"])
+    return call
+
+
+def truth(call, grad_out=None, dtype: str = "float64"):
+    """(goldens, budgets): numpy_ref's outputs (and gradients) and the harness's budget of each (PREC-2)."""
+    out, w = numpy_ref.attention(*call.args(), **call.kwargs, return_weights=True)
+    goldens = {"out": out, "weights": w}
+    if grad_out is not None:
+        grads = numpy_ref.attention_vjp(*call.args(), grad_out, **call.kwargs)
+        goldens.update({f"grad/{n}": g for n, g in grads.items()})
+    inputs = {"query": call.query, "key": call.key, "value": call.value, **call.kwargs}
+    errors = dict.fromkeys(goldens, 0.0)
+    for order in naive.ORDERS:
+        n_out, n_w, cache = naive.forward(call.spec, call.params, inputs, dtype, order)
+        produced = {"out": n_out, "weights": n_w}
+        if grad_out is not None:
+            produced.update({f"grad/{n}": g for n, g in naive.backward(call.spec, cache, grad_out, order).items()})
+        for n in goldens:
+            errors[n] = max(errors[n], tolerance.max_error(produced[n], goldens[n]))
+    # A gradient can cancel to (nearly) 0 in theory: a broadcast bias or key bias (softmax ignores a
+    # constant), the query of a row with one allowed key. Its rounding error is that of the terms
+    # that cancel, so its floor is in ulps of the largest gradient (the harness's rule for bq, bk, ...).
+    grad_scale = max((tolerance.magnitude(g) for n, g in goldens.items() if n.startswith("grad/")), default=0.0)
+    budgets = {}
+    for n in goldens:
+        scale = tolerance.floor_scale(n, goldens)
+        budgets[n] = tolerance.budget(n, dtype, errors[n], max(scale, grad_scale) if n.startswith("grad/") else scale)
+    return goldens, budgets
+
+
+def assert_within_budget(name: str, got, goldens: dict, budgets: dict):
+    got = got.detach().cpu().double().numpy() if isinstance(got, torch.Tensor) else np.asarray(got)
+    assert got.shape == goldens[name].shape, name
+    assert np.isfinite(got).all(), f"{name}: NaN or Inf (PREC-3)"
+    error, budget = tolerance.max_error(got, goldens[name]), budgets[name]["budget"]
+    assert error <= budget, f"{name}: error {error:.3g} exceeds the budget {budget:.3g} ({budgets[name]})"
+
+
+def tensors(call, dtype=torch.float64, requires_grad=False):
+    """params, query, key, value and keyword tensors of a random call, in dtype."""
+    def t(a, float_dtype=dtype):
+        a = torch.as_tensor(np.asarray(a))
+        return a.to(float_dtype) if a.is_floating_point() else a
+
+    params = {n: t(a).requires_grad_(requires_grad) for n, a in call.params.items()}
+    q, k, v = (t(a).requires_grad_(requires_grad) for a in (call.query, call.key, call.value))
+    kw = {n: t(a) for n, a in call.kwargs.items()}
+    if "bias" in kw:
+        kw["bias"].requires_grad_(requires_grad)
+    return params, q, k, v, kw
+
+
+def supports(kernel, call) -> bool:
+    params, q, k, v, kw = tensors(call)
+    c = Call(q.shape[0], q.shape[1], k.shape[1], q.device, **kw, causal=call.spec.causal)
+    return (kernels.KERNELS[kernel]() if isinstance(kernel, str) else kernel).unsupported(call.spec, c) is None
+
+
+# ---------------------------------------------------------------- every kernel against the reference
+@pytest.mark.parametrize("kernel", KERNELS)
+@settings(max_examples=150)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_kernel_matches_the_reference_in_float64(kernel, seed):
+    """KERN-1: every kernel computes the reference's function (out and weights), on every call it supports.
+
+    The random calls cover both schemes, causal, masks, bias with -inf,
+    default / explicit / per-batch positions, Lq != Lk, mask_fill and keep masks.
+    """
+    call = random_call(seed, max_len=6)
+    implementation = KERNELS[kernel]
+    if not supports(implementation, call):
+        return  # the sdpa kernel refuses (tested below); its calls are the vanilla ones
+    goldens, budgets = truth(call)
+    params, q, k, v, kw = tensors(call)
+    with torch.no_grad():  # no gradient recorded: the tiles reuse their buffers
+        out = torch_impl.attention(call.spec, params, q, k, v, **kw, implementation=implementation)
+    assert_within_budget("out", out, goldens, budgets)
+    if kernel != "sdpa":
+        out, w = torch_impl.attention(call.spec, params, q, k, v, **kw, return_weights=True,
+                                      implementation=implementation)
+        assert_within_budget("out", out, goldens, budgets)
+        assert_within_budget("weights", w, goldens, budgets)
+
+
+@pytest.mark.parametrize("kernel", GRADIENT_KERNELS)
+@settings(max_examples=80)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_kernel_gradients_match_the_reference_vjp_in_float64(kernel, seed):
+    """GRAD-1 through each kernel's autograd: every input, the bias and every parameter."""
+    call = random_call(seed, max_len=6)
+    call.key, call.value = call.key.copy(), call.value.copy()  # own gradients for key and value
+    grad_out = np.random.default_rng(seed).normal(size=call.query.shape)
+    goldens, budgets = truth(call, grad_out)
+    params, q, k, v, kw = tensors(call, requires_grad=True)
+    out = torch_impl.attention(call.spec, params, q, k, v, **kw, implementation=KERNELS[kernel])
+    out.backward(torch.as_tensor(grad_out))
+    got = {"query": q.grad, "key": k.grad, "value": v.grad, **{n: p.grad for n, p in params.items()}}
+    if "bias" in kw:
+        got["bias"] = kw["bias"].grad
+    for name in (n[len("grad/"):] for n in goldens if n.startswith("grad/")):
+        assert_within_budget(f"grad/{name}", got[name], goldens, budgets)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("kernel", KERNELS)
+@settings(max_examples=30)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_kernel_in_lower_precision_stays_within_the_harness_budget(kernel, dtype, seed):
+    """PREC-2, PREC-4: in float32 and bfloat16 (float32 softmax statistics) each kernel is within budget."""
+    call = rounded_call(random_call(seed, max_len=6), dtype)
+    if not supports(KERNELS[kernel], call):
+        return
+    goldens, budgets = truth(call, dtype=dtype)
+    params, q, k, v, kw = tensors(call, TORCH_DTYPES[dtype])
+    with torch.no_grad():
+        out = torch_impl.attention(call.spec, params, q, k, v, **kw, implementation=KERNELS[kernel])
+    assert out.dtype == TORCH_DTYPES[dtype]
+    assert_within_budget("out", out, goldens, budgets)
+
+
+@pytest.mark.parametrize("kernel", ["eager", "tiles", "tiles-tiny"])
+def test_the_worked_shaw_example_by_hand(kernel):
+    """SHAW-2..SHAW-4, the example of spec/attention.md: weights [1, 2, 2] / 5, [1, 1, 2] / 4, uniform."""
+    spec = AttentionSpec(num_heads=1, head_dim=1, relative=Shaw(max_distance=1))
+    p = {n: torch.as_tensor(a) for n, a in numpy_ref.identity_params(spec).items()}
+    p["rel_k"] = torch.tensor([[0.0], [0.0], [np.log(2)]], dtype=torch.float64)
+    p["rel_v"] = torch.tensor([[-1.0], [0.0], [1.0]], dtype=torch.float64)
+    out, w = torch_impl.attention(spec, p, torch.ones(1, 3, 1, dtype=torch.float64), return_weights=True,
+                                  implementation=KERNELS[kernel])
+    goldens = {"out": np.array([[[1.8], [1.25], [1 / 3]]]),
+               "weights": np.array([[[[0.2, 0.4, 0.4], [0.25, 0.25, 0.5], [1 / 3, 1 / 3, 1 / 3]]]])}
+    budgets = {n: tolerance.budget(n, "float64", 0.0, tolerance.magnitude(g)) for n, g in goldens.items()}
+    assert_within_budget("out", out, goldens, budgets)
+    assert_within_budget("weights", w, goldens, budgets)
+
+
+# ---------------------------------------------------------------- the tile hooks against plain gathers
+small_ints = st.integers(-3, 3)
+
+
+def int_array(data, shape, lo=-3, hi=3):
+    return np.array(data.draw(st.lists(st.integers(lo, hi), min_size=int(np.prod(shape)),
+                                       max_size=int(np.prod(shape)))), dtype=np.float64).reshape(shape)
+
+
+def tile_delta(q0: int, T: int, Lk: int) -> np.ndarray:
+    """POS-2 with default positions for queries q0 .. q0 + T - 1 and keys 0 .. Lk - 1: (1, T, Lk)."""
+    return (np.arange(Lk)[None, :] - np.arange(q0, q0 + T)[:, None])[None]
+
+
+@settings(max_examples=150)
+@given(k=st.integers(0, 4), T=st.integers(1, 5), extra=st.integers(0, 2), q0=st.integers(0, 9),
+       Lk=st.integers(1, 14), into_buffer=st.booleans(), data=st.data())
+def test_banded_shaw_key_term_is_the_plain_gather(k, T, extra, q0, Lk, into_buffer, data):
+    """SHAW-2, SHAW-3: the edge broadcasts and the band of a tile are exactly the gather by clipped index."""
+    r = int_array(data, (1, 2, T, 2 * k + 1))
+    expected = ref_rel.gather_buckets(r, ref_rel.shaw_index(tile_delta(q0, T, Lk), k))
+    band = shaw.key_band_index(T + extra, k, "cpu")  # built for the longest tile, used by shorter ones
+    out = torch.empty(1, 2, T, Lk, dtype=torch.float64) if into_buffer else None
+    got = shaw.key_term_banded(torch.as_tensor(r), q0, Lk, k, band, out)
+    np.testing.assert_array_equal(got.numpy(), expected)
+
+
+@settings(max_examples=150)
+@given(k=st.integers(0, 4), T=st.integers(1, 5), extra=st.integers(0, 2), q0=st.integers(0, 9),
+       Lk=st.integers(1, 14), precomputed=st.booleans(), data=st.data())
+def test_banded_shaw_value_sums_are_the_plain_bucket_sums(k, T, extra, q0, Lk, precomputed, data):
+    """SHAW-2, SHAW-4: the triangles, edge sums and band of a tile are exactly the scatter-add per table row."""
+    w = int_array(data, (1, 2, T, Lk), 0, 8)
+    expected = ref_rel.scatter_buckets(w, ref_rel.shaw_index(tile_delta(q0, T, Lk), k), 2 * k + 1)
+    masks = band = None
+    if precomputed:  # as the tiles kernel passes them: built once for the longest tile and every query
+        masks = shaw.edge_masks(T + extra, torch.float64, "cpu")
+        band = shaw.value_band_index(q0 + T + extra, k, "cpu")[q0:q0 + T] if k > 0 else None
+    got = shaw.bucket_sums_banded(torch.as_tensor(w), k, q0, masks, band)
+    np.testing.assert_array_equal(got.numpy(), expected)
+
+
+@settings(max_examples=200)
+@given(M=st.integers(1, 6), T=st.integers(1, 5), q0=st.integers(0, 9), Lk=st.integers(1, 14),
+       per_head=st.booleans(), causal=st.booleans(), workspace=st.booleans(), data=st.data())
+@example(M=4, T=3, q0=5, Lk=7, per_head=True, causal=True, workspace=True, data=None)  # the strided read
+@example(M=4, T=3, q0=0, Lk=7, per_head=False, causal=True, workspace=True, data=None)  # zero padded
+@example(M=2, T=4, q0=6, Lk=12, per_head=False, causal=False, workspace=False, data=None)  # beyond the table
+def test_huang_skew_is_the_plain_gather(M, T, q0, Lk, per_head, causal, workspace, data):
+    """HUANG-2..HUANG-4: the skew of a tile equals (q @ rel_k.T)[delta + M - 1], zero beyond the table.
+
+    With ``causal`` (the strided read without a recorded gradient, or the
+    zero-padded product) only the keys up to the diagonal are the term;
+    the others are unspecified but finite, and the caller masks them (CAUSAL-1).
+    """
+    rng = np.random.default_rng([M, T, q0, Lk])
+    if data is None:
+        q, table = rng.integers(-3, 4, (1, 2, T, 3)).astype(float), rng.integers(-3, 4, (2, 2 * M - 1, 3)) * 1.0
+    else:
+        q, table = int_array(data, (1, 2, T, 3)), int_array(data, (2, 2 * M - 1, 3))
+    table = table if per_head else table[0]
+    row, valid = ref_rel.huang_index(tile_delta(q0, T, Lk), M)
+    expected = np.where(valid[:, None], ref_rel.gather_buckets(ref_rel.rows_logits(q, ref_rel.as_4d(table)), row), 0)
+    ws = Workspace(torch.device("cpu")) if workspace else None
+    got = huang.huang_skew_term(torch.as_tensor(q), torch.as_tensor(table), q0, Lk, M, causal=causal, ws=ws).numpy()
+    assert np.isfinite(got).all()
+    if causal:
+        kept = np.broadcast_to((tile_delta(q0, T, Lk) <= 0)[:, None], got.shape)
+        np.testing.assert_array_equal(got[kept], expected[kept])
+    else:
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_distance_rows_follow_the_shared_row_span():
+    """HUANG-2/3 through spec.index.distance_row_span: table rows or zero rows, for any range."""
+    M = 3
+    table = torch.arange(1.0, 2 * M).unsqueeze(1) * torch.tensor([[1.0, -1.0]])  # distances -2 .. 2
+    for first, count in [(-9, 4), (-4, 6), (-2, 5), (1, 7), (5, 3)]:
+        expected = [table[t + M - 1].tolist() if abs(t) <= M - 1 else [0.0, 0.0] for t in range(first, first + count)]
+        assert huang.distance_rows(table, first, count, M).tolist() == expected
+
+
+def test_tiny_tiles_cover_every_query_once_with_two_or_three_queries():
+    """The grid of Tiles(elements=6, query_rows=3, min_rows=2): each (batch, head, query) in exactly one tile
+    of one (batch, head) pair; 3 queries where 3 rows of keys fit 6 logits, else min_rows = 2."""
+    for Lk, rows in ((8, 2), (2, 3)):
+        grid = TINY.grid(2, 3, 9, Lk, causal_prefix=False, short_rows=True, device_type="cpu")
+        tiles = [t for group in grid for heads in group for t in heads]
+        seen = np.zeros((2, 3, 9), int)
+        for t in tiles:
+            assert t.b.stop - t.b.start == 1 and t.h.stop - t.h.start == 1 and t.k1 == Lk
+            assert t.q1 - t.q0 == rows or t.q1 == 9  # the last tile holds the remainder
+            seen[t.b, t.h, t.q0:t.q1] += 1
+        assert (seen == 1).all()
+    causal = TINY.grid(1, 1, 6, 6, causal_prefix=True, short_rows=True, device_type="cpu")
+    assert [(t.q0, t.q1, t.k1) for t in causal[0][0]] == [(0, 2, 2), (2, 4, 4), (4, 6, 6)]  # keys up to q1
+
+
+def test_default_tiles_are_todays_sizes():
+    """The default knobs: 256-query tiles on the CPU where short tiles pay, whole rows elsewhere."""
+    cpu = Tiles().grid(1, 2, 1024, 1024, causal_prefix=True, short_rows=True, device_type="cpu")
+    assert [(t.q0, t.q1, t.k1) for t in cpu[0][0]] == [(0, 256, 256), (256, 512, 512), (512, 768, 768),
+                                                        (768, 1024, 1024)]
+    assert len(cpu) == 1 and len(cpu[0]) == 1  # both heads in each tile: 2 x 256 x 1024 <= 2^20 logits
+    gpu = Tiles().grid(1, 2, 1024, 1024, causal_prefix=False, short_rows=True, device_type="cuda")
+    assert [(t.q0, t.q1, t.k1) for g in gpu for h in g for t in h] == [(0, 1024, 1024)]
+    long_keys = Tiles().grid(1, 1, 64, 1 << 17, causal_prefix=False, short_rows=False, device_type="cpu")
+    assert {t.q1 - t.q0 for g in long_keys for h in g for t in h} == {16}  # min_rows: 2^20 // 2^17 < 16
+
+
+def test_tile_knobs_are_validated():
+    with pytest.raises(ValueError, match=re.escape("Tiles.elements: expected an int >= 1, got 0")):
+        Tiles(elements=0)
+    with pytest.raises(TypeError, match=re.escape("Tiles.query_rows: expected an int >= 1, got 2.5 of type float")):
+        Tiles(query_rows=2.5)
+    assert Tiles(min_rows=4) == Tiles(min_rows=4) and hash(Tiles()) == hash(Tiles())  # frozen values
+
+
+# ---------------------------------------------------------------- the choice of kernel (KERN-1)
+def plain_call(**kw):
+    return Call(2, 5, 5, torch.device("cpu"), **kw)
+
+
+KEEP = torch.ones(2, 2, 5, 5, dtype=torch.bool)
+CHOICES = [
+    (AttentionSpec(2, 3), {}, "sdpa"),
+    (AttentionSpec(2, 3, causal=True), {"causal": True}, "sdpa"),
+    (AttentionSpec(2, 3), {"mask": torch.ones(5, dtype=torch.bool), "bias": torch.zeros(5)}, "sdpa"),
+    (AttentionSpec(2, 3, causal=True), {"q_positions": torch.arange(5), "causal": True}, "sdpa"),
+    (AttentionSpec(2, 3, dropout=0.1), {}, "sdpa"),  # no keep mask: no dropout to apply
+    (AttentionSpec(2, 3, relative=Shaw(2)), {}, "tiles"),
+    (AttentionSpec(2, 3, relative=Huang(4), causal=True), {"causal": True}, "tiles"),
+    (AttentionSpec(2, 3, mask_fill=-1e9), {}, "tiles"),
+    (AttentionSpec(2, 3, dropout=0.1), {"dropout_keep": KEEP}, "tiles"),
+    (AttentionSpec(2, 3), {"return_weights": True}, "tiles"),
+]
+
+
+@pytest.mark.parametrize("spec,kw,expected", CHOICES, ids=[f"{i}-{c[2]}" for i, c in enumerate(CHOICES)])
+def test_the_automatic_choice_is_sdpa_for_plain_calls_and_tiles_otherwise(spec, kw, expected):
+    """KERN-1: implementation=None takes the first of ("sdpa", "tiles") that supports the call."""
+    assert kernels.resolve(None, spec, plain_call(**kw)).name == expected
+
+
+@pytest.mark.parametrize("relative,expected", [(None, "sdpa"), (Shaw(2), "tiles"), (Huang(3), "tiles")])
+def test_the_automatic_choice_computes_exactly_what_the_chosen_kernel_does(relative, expected):
+    spec = AttentionSpec(2, 3, relative=relative, causal=True)
+    params = {n: torch.as_tensor(a) for n, a in numpy_ref.init_params(spec, 0).items()}
+    x = torch.as_tensor(np.random.default_rng(0).normal(size=(2, 5, 6)))
+    auto, chosen = (torch_impl.attention(spec, params, x, implementation=i) for i in (None, expected))
+    assert torch.equal(auto, chosen)
+
+
+@pytest.fixture
+def shaw_layer():
+    spec = AttentionSpec(2, 2, relative=Shaw(1), dropout=0.5)
+    params = {n: torch.as_tensor(a) for n, a in numpy_ref.init_params(spec, 0).items()}
+    return spec, params, torch.randn(2, 3, 4, dtype=torch.float64)
+
+
+def test_an_unknown_kernel_name_lists_the_names(shaw_layer):
+    spec, params, x = shaw_layer
+    with pytest.raises(ValueError, match=re.escape(
+            "implementation: expected None, one of 'eager', 'sdpa', 'tiles' or a kernel object such as "
+            "torch_impl.kernels.Tiles(...), got 'flash'")):
+        torch_impl.attention(spec, params, x, implementation="flash")
+    with pytest.raises(TypeError, match=re.escape("got 3 of type int")):
+        torch_impl.attention(spec, params, x, implementation=3)
+
+
+def test_sdpa_refuses_a_relative_scheme_and_names_the_kernels_that_can(shaw_layer):
+    spec, params, x = shaw_layer
+    with pytest.raises(ValueError, match=re.escape(
+            "implementation='sdpa': cannot run this call: Shaw relative terms need the key_term and value_term "
+            "hooks, and sdpa calls no hook: it takes no relative scheme; kernels that can: 'eager', 'tiles' "
+            "(KERN-1: no silent fallback)")):
+        torch_impl.attention(spec, params, x, implementation="sdpa")
+    m = torch_impl.MultiHeadAttention(AttentionSpec(2, 2, relative=Huang(3))).eval()
+    with pytest.raises(ValueError, match=re.escape("implementation='sdpa': cannot run this call: Huang relative "
+                                                   "terms need the key_term hook")):
+        m(torch.randn(1, 3, 4), implementation="sdpa")
+
+
+@pytest.mark.parametrize("case,message", [
+    ("mask_fill", "spec.mask_fill=-1000000000.0 replaces disallowed logits (MASK-6), and sdpa only gives them "
+                  "weight 0 (MASK-5); kernels that can: 'eager', 'tiles'"),
+    ("keep", "sdpa takes no dropout_keep mask (DROP-1); kernels that can: 'eager', 'tiles'"),
+    ("weights", "sdpa does not return the weights (return_weights=True); kernels that can: 'eager', 'tiles'"),
+])
+def test_sdpa_refuses_what_it_cannot_compute(case, message):
+    spec = AttentionSpec(2, 2, mask_fill=-1e9 if case == "mask_fill" else None, dropout=0.5)
+    params = {n: torch.as_tensor(a) for n, a in numpy_ref.init_params(spec, 0).items()}
+    x = torch.randn(2, 3, 4, dtype=torch.float64)
+    keep = torch.ones(2, 2, 3, 3, dtype=torch.bool) if case == "keep" else None
+    with pytest.raises(ValueError, match=re.escape(f"implementation='sdpa': cannot run this call: {message}")):
+        torch_impl.attention(spec, params, x, dropout_keep=keep, return_weights=case == "weights",
+                             implementation="sdpa")
+
+
+class Refusing(Tiles):
+    """A kernel object whose support is narrower than its class's."""
+
+    def unsupported(self, spec, call):
+        return "this test says no"
+
+
+def test_a_kernel_object_is_named_in_its_error():
+    with pytest.raises(ValueError, match=re.escape("implementation=Refusing(elements=None, query_rows=None, "
+                                                   "min_rows=16): cannot run this call: this test says no")):
+        kernels.resolve(Refusing(), AttentionSpec(1, 2), plain_call())
+
+
+def test_a_hook_no_kernel_calls_is_an_error_not_a_fallback():
+    """KERN-1, REL-3: a scheme with a hook kind no kernel has a call site for is refused by every kernel."""
+    scheme = SimpleNamespace(name="alibi", hooks=frozenset({"bias"}))
+    spec = SimpleNamespace(relative=scheme, mask_fill=None)
+    with pytest.raises(ValueError, match=re.escape("implementation=None: no kernel can run this call: sdpa: "
+                                                   "SimpleNamespace relative terms need the bias hook")):
+        kernels.resolve(None, spec, plain_call())
+    with pytest.raises(ValueError, match=re.escape("and eager calls key_term, value_term; no kernel can")):
+        kernels.resolve("eager", spec, plain_call())
+
+
+def test_a_scheme_without_a_torch_module_is_refused_by_name():
+    """REL-4: the registry names the schemes it has."""
+    spec = AttentionSpec(2, 2, relative=Shaw(1))
+    params = {n: torch.as_tensor(a) for n, a in numpy_ref.init_params(spec, 0).items()}
+    with mock.patch.dict(schemes.REGISTRY, {"huang": huang}, clear=True):
+        with pytest.raises(ValueError, match=re.escape("spec.relative: expected a scheme torch_impl implements "
+                                                       "(one of ['huang']; add one with torch_impl.schemes."
+                                                       "register_module(name, module)), got 'shaw' (Shaw)")):
+            torch_impl.attention(spec, params, torch.randn(1, 3, 4, dtype=torch.float64), implementation="eager")
+
+
+def test_the_module_passes_its_kernel_through():
+    spec = AttentionSpec(2, 3, relative=Shaw(2), causal=True)
+    ref_params = numpy_ref.init_params(spec, 1)
+    m = torch_impl.MultiHeadAttention(spec, dtype=torch.float64).load_canonical(ref_params).eval()
+    x = np.random.default_rng(1).normal(size=(1, 7, 6))
+    call = SimpleNamespace(spec=spec, params=ref_params, query=x, key=x, value=x, kwargs={},
+                           args=lambda: (spec, ref_params, x, x, x))
+    goldens, budgets = truth(call)
+    for implementation in ("eager", "tiles", TINY, None):
+        assert_within_budget("out", m(torch.as_tensor(x), implementation=implementation), goldens, budgets)

@@ -1,0 +1,81 @@
+"""Kernels: *how* torch_impl computes attention, one explicit choice per call (KERN-1).
+
+KERN-1: an implementation may offer several kernels; each computes the same
+function; ``implementation=`` selects one; an unsupported combination is an
+error, never a silent fallback.
+
+- ``"eager"`` (``Eager``): the readable baseline, whole (B, H, Lq, Lk) logits;
+- ``"sdpa"`` (``SDPA``): ``F.scaled_dot_product_attention``, vanilla calls only;
+- ``"tiles"`` (``Tiles``): cache-sized tiles, causal prefix skipping, the Huang
+  skew and banded Shaw sums; its knobs are the fields of ``Tiles(...)``.
+
+Each kernel says what it cannot run through one method,
+``unsupported(spec, call) -> Optional[str]``; the automatic choice
+(``implementation=None``) asks the same method, in the order of ``AUTO``.
+"""
+
+from __future__ import annotations
+
+from spec import AttentionSpec
+
+from .._core import Call
+from ._base import Kernel
+from .eager import Eager
+from .sdpa import SDPA
+from .tiles import Tile, Tiles
+
+__all__ = ["AUTO", "KERNELS", "Call", "Eager", "Kernel", "SDPA", "Tile", "Tiles", "resolve", "supported"]
+
+#: name -> kernel class, the names ``implementation=`` accepts.
+KERNELS: dict = {cls.name: cls for cls in (Eager, SDPA, Tiles)}
+#: The automatic choice: the first of these (with default knobs) that supports the call.
+AUTO = ("sdpa", "tiles")
+#: Each kernel with its default knobs (frozen, so one instance serves every call).
+_DEFAULTS: dict = {name: cls() for name, cls in KERNELS.items()}
+
+
+def resolve(implementation, spec: AttentionSpec, call: Call) -> Kernel:
+    """The kernel that runs ``call`` (KERN-1).
+
+    ``implementation``: None (the first kernel of ``AUTO`` that supports the
+    call), a name of ``KERNELS``, or a kernel object (``Tiles(query_rows=64)``).
+    An unknown name is a ``ValueError`` listing the names, something else a
+    ``TypeError``; a kernel that does not support the call is a ``ValueError``
+    saying why and which kernels can.
+    """
+    if implementation is None:
+        reasons = {}
+        for name in AUTO:
+            kernel = _DEFAULTS[name]
+            reasons[name] = kernel.unsupported(spec, call)
+            if reasons[name] is None:
+                return kernel
+        raise ValueError(f"implementation=None: no kernel can run this call: "
+                         f"{'; '.join(f'{n}: {r}' for n, r in reasons.items())} (KERN-1)")
+    if isinstance(implementation, str):
+        if implementation not in KERNELS:
+            raise ValueError(f"implementation: expected None, one of {_names(KERNELS)} or a kernel object such as "
+                             f"torch_impl.kernels.Tiles(...), got {implementation!r}")
+        kernel = _DEFAULTS[implementation]
+    elif isinstance(implementation, tuple(KERNELS.values())):
+        kernel = implementation
+    else:
+        raise TypeError(f"implementation: expected None, one of {_names(KERNELS)} or a kernel object such as "
+                        f"torch_impl.kernels.Tiles(...), got {implementation!r} of type "
+                        f"{type(implementation).__name__}")
+    reason = kernel.unsupported(spec, call)
+    if reason is not None:
+        able = supported(spec, call)
+        alternatives = f"kernels that can: {_names(able)}" if able else "no kernel can"
+        raise ValueError(f"implementation={implementation!r}: cannot run this call: {reason}; {alternatives} "
+                         "(KERN-1: no silent fallback)")
+    return kernel
+
+
+def _names(names) -> str:
+    return ", ".join(repr(n) for n in names)
+
+
+def supported(spec: AttentionSpec, call: Call) -> list:
+    """The names of the kernels (default knobs) that can run ``call`` (KERN-1)."""
+    return [n for n, kernel in _DEFAULTS.items() if kernel.unsupported(spec, call) is None]

@@ -1,0 +1,52 @@
+"""``"sdpa"``: the vanilla core through ``F.scaled_dot_product_attention`` (KERN-1).
+
+The spec's masks, bias and positions become SDPA's ``attn_mask``; a top-left
+causal rule with nothing else is its ``is_causal``. SDPA gives a row with no
+allowed key exact zeros (MASK-5). It takes no relative scheme, no
+``mask_fill`` (MASK-6), no given keep mask (DROP-1) and returns no weights.
+Axis legend (AXES-1): B, H, Lq, Lk, d.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Optional
+
+import torch
+import torch.nn.functional as F
+
+from .. import _core
+from ._base import Kernel
+
+
+@dataclass(frozen=True)
+class SDPA(Kernel):
+    """PyTorch's fused attention, for calls without relative terms, mask_fill, keep mask or weights (KERN-1)."""
+
+    name: ClassVar[str] = "sdpa"
+    scheme_hooks: ClassVar[frozenset] = frozenset()
+
+    def unsupported(self, spec, call) -> Optional[str]:
+        reasons = [r for r in (
+            self.missing_hooks(spec),
+            None if spec.mask_fill is None else
+            f"spec.mask_fill={spec.mask_fill!r} replaces disallowed logits (MASK-6), and sdpa only gives "
+            "them weight 0 (MASK-5)",
+            None if call.dropout_keep is None else "sdpa takes no dropout_keep mask (DROP-1)",
+            "sdpa does not return the weights (return_weights=True)" if call.return_weights else None,
+        ) if r is not None]
+        return "; ".join(reasons) or None
+
+
+def attention(spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: _core.Call) -> torch.Tensor:
+    """q (B, H, Lq, d), k and v (B, H, Lk, d) -> o (B, H, Lq, d)."""
+    s = spec.effective_scale
+    if spec.causal and call.default_positions and call.mask is None and call.bias is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=s)  # CAUSAL-1 top-left
+    allowed, bias = call.allowed, call.bias
+    if bias is not None:  # BIAS-1, BIAS-2: the float attn_mask carries -inf at disallowed keys
+        attn_mask = bias.to(q.dtype) if allowed is None else bias.to(q.dtype).masked_fill(~allowed, float("-inf"))
+    else:
+        attn_mask = allowed  # MASK-4: bool, True = attend (SDPA's polarity)
+    attn_mask = None if attn_mask is None else _core.as_4d(attn_mask)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=s)

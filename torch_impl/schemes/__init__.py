@@ -1,0 +1,74 @@
+"""Position schemes in PyTorch: one module per scheme, found by ``scheme.name`` (REL-3, REL-4).
+
+A scheme (``spec.Shaw``, ``spec.Huang``, ...) says *what* it adds through
+the hooks it lists in ``scheme.hooks`` (from ``spec.HOOKS``); its module
+here says how. Kernels (``torch_impl.kernels``) call the hooks and never
+look at the scheme's type; a kernel whose call site for a hook is missing
+says so through its ``unsupported`` (KERN-1).
+
+Hook protocol. ``params`` is the canonical dict of tensors; ``delta`` the
+int64 distances (1|B, Lq, Lk) (POS-2). Axis legend (AXES-1): B, H, Lq, Lk, d.
+
+Eager hooks (the readable algorithms, whole (B, H, Lq, Lk) arrays):
+
+- ``key_term(scheme, params, q, delta) -> (B, H, Lq, Lk)`` from q (B, H, Lq, d),
+  before the factor s_rel (SCALE-3) that the kernel applies;
+- ``value_term(scheme, params, w, delta) -> (B, H, Lq, d)`` from the weights
+  after dropout w' (B, H, Lq, Lk) (DROP-4), added to ``w' @ v``.
+
+Tile hooks (called by the tiles kernel for one call, then per tile; a tile
+has the fields ``b``, ``h`` (slices of batches and heads), ``q0``, ``q1``
+(its queries), ``k1`` (its keys 0 .. k1 - 1), ``part`` (the index of its
+(b, h, queries) block) and ``cut(t, lead)`` (a broadcastable tensor sliced
+to the tile)):
+
+- ``tile_state(scheme, params, q, call, *, causal, rows, stat) -> state``,
+  once per call; q (B, H, Lq, d) the queries the key term sees (s_rel
+  already folded in, SCALE-3); ``call`` the kernels' ``_core.Call``
+  (positions, ``delta``); ``causal`` whether the kernel masks every key
+  after the diagonal (CAUSAL-1), so the term may be anything finite there;
+  ``rows`` the most queries of a tile; ``stat`` the weights' dtype (PREC-4);
+- ``tile_key_term(state, tile, ws) -> (b, h, T, k1)`` with s_rel included,
+  ``ws`` a ``Workspace`` or None;
+- ``tile_value_term(state, w, tile) -> (b, h, T, d)`` from the tile's
+  weights after dropout (b, h, T, k1).
+
+A later scheme adds one module and, for a hook kind no module has used
+yet, one call site per kernel: ``qk_transform(scheme, params, q, k,
+q_positions, k_positions) -> (q, k)`` after the head split (RoPE), and
+``bias(scheme, params, delta) -> (1|B, 1|H, Lq, Lk)`` beside the ``bias``
+input (ALiBi, T5, Swin), with ``tile_bias(state, tile)`` for the tiles.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from . import huang, shaw
+
+__all__ = ["REGISTRY", "module_for", "register_module"]
+
+#: scheme name -> its torch_impl module (REL-4).
+REGISTRY: dict = {"shaw": shaw, "huang": huang}
+
+
+def register_module(name: str, module: ModuleType) -> None:
+    """Add the torch_impl module of scheme ``name`` (REL-4); a name taken by another module is a ValueError."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"register_module: expected a non-empty scheme name, got {name!r}")
+    other = REGISTRY.get(name)
+    if other is not None and other is not module:
+        raise ValueError(f"register_module: scheme name {name!r} already has the module {other.__name__}")
+    REGISTRY[name] = module
+
+
+def module_for(scheme) -> ModuleType:
+    """The torch_impl module of ``scheme``, looked up by ``scheme.name`` (REL-4)."""
+    name = getattr(scheme, "name", None)
+    module = REGISTRY.get(name) if isinstance(name, str) else None
+    if module is None:
+        raise ValueError(
+            f"spec.relative: expected a scheme torch_impl implements (one of {sorted(REGISTRY)}; add one with "
+            f"torch_impl.schemes.register_module(name, module)), got {name!r} ({type(scheme).__name__})"
+        )
+    return module

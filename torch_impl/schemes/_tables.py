@@ -1,0 +1,48 @@
+"""Table operations the scheme modules share: a table matmul, a gather by row, a sum per row.
+
+Every relative term is ``q @ table.T`` (one logit per query and table row)
+followed by an index operation on the last axis; a value term sums the
+weights per table row first, then multiplies by the table. Nothing of
+shape (Lq, Lk, d) is built (SHAW-3, SHAW-4, HUANG-4).
+
+Shapes (AXES-1): q (B, H, Lq, d); a table (R, d) shared by heads or
+(H, R, d) per head (REL-2), a tile's (H', R, d); an index (1|B, Lq, Lk).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+
+def rows_logits(q: torch.Tensor, table: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """q @ table.T per head (REL-2): (B, H, Lq, d) x (R, d) | (H, R, d) -> (B, H, Lq, R)."""
+    if table.dim() == 3:
+        table = table.unsqueeze(0)
+    if out is None:
+        return q @ table.transpose(-1, -2)
+    return torch.matmul(q, table.transpose(-1, -2), out=out)
+
+
+def rows_sum(buckets: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """S @ table per head (REL-2): (B, H, Lq, R) x (R, d) | (H, R, d) -> (B, H, Lq, d), in the table's dtype."""
+    return buckets.to(table.dtype) @ (table if table.dim() == 2 else table.unsqueeze(0))
+
+
+def gather_rows(r: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """out[b, h, i, j] = r[b, h, i, index[b, i, j]]:  (B, H, Lq, R), (1|B, Lq, Lk) -> (B, H, Lq, Lk)."""
+    B, H, Lq, _ = r.shape
+    return torch.gather(r, -1, index.unsqueeze(1).expand(B, H, Lq, index.shape[-1]))
+
+
+def bucket_sums(w: torch.Tensor, index: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """S[b, h, i, r] = sum over j with index[b, i, j] == r of w[b, h, i, j]:  (B, H, Lq, Lk) -> (B, H, Lq, R)."""
+    B, H, Lq, Lk = w.shape
+    out = w.new_zeros(B, H, Lq, num_rows)
+    return out.scatter_add(-1, index.unsqueeze(1).expand(B, H, Lq, Lk), w)
+
+
+def head_rows(table: torch.Tensor, heads: slice) -> torch.Tensor:
+    """REL-2: the table of a group of heads: (R, d) stays, (H, R, d) -> (H', R, d)."""
+    return table[heads] if table.dim() == 3 else table

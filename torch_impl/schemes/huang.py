@@ -1,0 +1,151 @@
+"""Huang et al. 2018 (Music Transformer) in PyTorch: an unclipped key term (HUANG-1..HUANG-5).
+
+Row ``delta + M - 1`` of ``rel_k`` (R = 2M - 1 rows) holds distance delta;
+a distance beyond the table adds nothing (HUANG-3). Two O(L d)-memory
+algorithms, nothing of shape (Lq, Lk, d) (HUANG-4):
+
+- the gather, for any positions: ``(q @ rel_k.T)[..., delta + M - 1]``,
+  zero where |delta| > M - 1 (the eager hook, and the tiles with explicit
+  positions);
+- the skew, for default positions: one matmul with the table rows of the
+  distances a tile can meet (``distance_rows``, through
+  ``spec.index.distance_row_span``), then a reshape or strided view
+  (``huang_skew_term``; the tiles with default positions).
+
+Axis legend (AXES-1): B, H, Lq, Lk, d; a tile holds the queries q0 .. q1 - 1
+(T of them) and the keys 0 .. k1 - 1.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+import torch.nn.functional as F
+
+from spec.index import distance_row_span
+
+from .._workspace import take
+from ._tables import gather_rows, head_rows, rows_logits
+
+#: Zero columns pad the (T, W) product of the non-causal skew to a multiple of
+#: this width: they are never read, and the matmul is faster (benchmarks/).
+SKEW_WIDTH_MULTIPLE = 16
+
+
+def huang_index(delta: torch.Tensor, max_len: int):
+    """HUANG-2/3: (row, valid), row = delta + M - 1 where |delta| <= M - 1 (else 0, and valid False)."""
+    valid = delta.abs() <= max_len - 1
+    return torch.where(valid, delta + max_len - 1, torch.zeros_like(delta)), valid
+
+
+# ---------------------------------------------------------------- eager hook
+def key_term(scheme, params: dict, q: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """HUANG-2..4 by the gather: term[b, h, i, j] = q_i . rel_k[delta_ij + M - 1], 0 where |delta| > M - 1.
+
+    q (B, H, Lq, d), delta (1|B, Lq, Lk) -> (B, H, Lq, Lk), before s_rel (SCALE-3).
+    """
+    row, valid = huang_index(delta, scheme.max_len)
+    term = gather_rows(rows_logits(q, params["rel_k"]), row)
+    return term.masked_fill(~valid.unsqueeze(1), 0.0)
+
+
+# ---------------------------------------------------------------- tile hooks
+class TileState(NamedTuple):
+    """What every tile of one call reads, built once (``tile_state``)."""
+
+    max_len: int
+    causal: bool  # the caller masks the keys after the diagonal (CAUSAL-1)
+    q: torch.Tensor  # (B, H, Lq, d), the queries as the key term sees them
+    table: torch.Tensor  # rel_k, (R, d) or (H, R, d)
+    row: Optional[torch.Tensor]  # HUANG-2 (1|B, Lq, Lk), explicit positions only
+    valid: Optional[torch.Tensor]  # HUANG-3 (1|B, Lq, Lk), explicit positions only
+
+
+def tile_state(scheme, params: dict, q: torch.Tensor, call, *, causal: bool, rows: int,
+               stat: torch.dtype) -> TileState:
+    """The per-call state of the tile hooks.
+
+    q (B, H, Lq, d): the queries as the key term sees them (times s_rel,
+    SCALE-3); ``call``: the positions; ``causal``: whether the caller masks
+    every key after the diagonal (CAUSAL-1), so that the skew may skip the
+    positive distances. ``rows`` and ``stat`` are not needed.
+    """
+    row = valid = None
+    if not call.default_positions:
+        row, valid = huang_index(call.delta, scheme.max_len)
+    return TileState(scheme.max_len, causal, q, params["rel_k"], row, valid)
+
+
+def tile_key_term(state: TileState, tile, ws=None) -> torch.Tensor:
+    """HUANG-2..4 for one tile: (b, h, T, k1); with ``causal`` the keys after the diagonal are
+    unspecified finite numbers (see ``huang_skew_term``). ``ws``: a Workspace or None."""
+    q, table = state.q[tile.part], head_rows(state.table, tile.h)
+    if state.row is None:
+        return huang_skew_term(q, table, tile.q0, tile.k1, state.max_len, causal=state.causal, ws=ws)
+    term = gather_rows(rows_logits(q, table), tile.cut(state.row, lead=1))
+    return term.masked_fill(~tile.cut(state.valid, lead=1).unsqueeze(1), 0.0)
+
+
+# ---------------------------------------------------------------- the skew (default positions)
+def distance_rows(table: torch.Tensor, first: int, count: int, max_len: int) -> torch.Tensor:
+    """HUANG-2/3: the table rows of distances first .. first + count - 1, zero rows beyond the table.
+
+    (R, d) -> (count, d) or (H, R, d) -> (H, count, d). Built by slicing and
+    zero padding (``spec.index.distance_row_span``): no index tensor, no loop.
+    """
+    span = distance_row_span(first, count, max_len)
+    if span is None:  # no distance of the range is in the table
+        return table.new_zeros(table.shape[:-2] + (count, table.shape[-1]))
+    rows = table[..., span.first_row: span.last_row + 1, :]
+    if span.pad_before or span.pad_after:
+        return F.pad(rows, (0, 0, span.pad_before, span.pad_after))
+    return rows
+
+
+def huang_skew_term(q: torch.Tensor, table: torch.Tensor, q_start: int, Lk: int, max_len: int,
+                    causal: bool, ws=None) -> torch.Tensor:
+    """HUANG-4 with default positions: the (B, H, T, Lk) term of queries q_start .. q_start + T - 1, keys 0 .. Lk - 1.
+
+    One matmul of the queries with the table rows of every distance they
+    can meet, then the skew. Column m of that product holds distance
+    m - (q_start + T - 1).
+
+    ``causal``: only the distances <= 0 are multiplied, and the values at
+    keys after the diagonal (j > i) are **unspecified finite numbers**: the
+    caller masks them (CAUSAL-1). (jax_impl's function of the same name has
+    the same contract.) Without ``causal`` every entry is the term.
+    ``ws``: a Workspace for the (T, width) product, or None (then no view
+    overlaps itself, so autograd may record it).
+    """
+    T = q.shape[-2]
+    first = -(q_start + T - 1)  # the distance of column 0
+    width = T + Lk - 1
+    if not causal:
+        width += -width % SKEW_WIDTH_MULTIPLE
+        out = take(ws, "rows", q.shape[:-1] + (width,), q.dtype)
+        return skew(rows_logits(q, distance_rows(table, first, width, max_len), out), Lk)
+    n = min(width, 1 - first)  # distances first .. 0
+    r = rows_logits(q, distance_rows(table, first, n, max_len), take(ws, "rows", q.shape[:-1] + (n,), q.dtype))
+    if ws is not None and Lk <= n and T > 1:
+        # The skew read with row stride n - 1 straight from the (T, n) product: keys after the
+        # diagonal read values of the next row, and no padded copy is written. (Only without a
+        # recorded gradient: the view overlaps itself.)
+        B, H = r.shape[:2]
+        return r.as_strided((B, H, T, Lk), (H * T * n, T * n, n - 1, 1), r.storage_offset() + T - 1)
+    return skew(F.pad(r, (0, width - n)), Lk)  # zeros after the diagonal
+
+
+def skew(r: torch.Tensor, Lk: int) -> torch.Tensor:
+    """HUANG-4: out[..., i, j] = r[..., i, j - i + T - 1], by reshape and slice.
+
+    r is (B, H, T, W), W >= T + Lk - 1. Element (i, j - i + T - 1) sits at
+    flat offset (T - 1) + i (W - 1) + j of each (T, W) block: drop the first
+    T - 1 entries, view the rest as rows of W - 1, keep the first Lk columns.
+    Views only until the caller adds it.
+    """
+    B, H, T, W = r.shape
+    if T == 1:
+        return r[..., :Lk]
+    flat = r.reshape(B, H, T * W)[..., T - 1: T - 1 + T * (W - 1)]
+    return flat.reshape(B, H, T, W - 1)[..., :Lk]
