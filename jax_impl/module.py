@@ -1,10 +1,11 @@
 """``MultiHeadAttention``: a Flax NNX module that owns the parameters and calls the core.
 
-Kernels are kept in Flax's layout: ``q_kernel``, ``k_kernel``, ``v_kernel``
-``(D, H, d)`` with biases ``(H, d)``, ``out_kernel`` ``(H, d, D)`` with bias
-``(D,)`` — as ``nnx.MultiHeadAttention`` keeps them — and ``rel_k`` / ``rel_v``
-tables of the canonical shape. Reshaping is the exact conversion to and from
-the canonical ``(D, D)`` weights (contiguous heads, HEAD-1; PARAM-3).
+Kernels are kept in Flax's layout (``interop.flax_layout``): ``q_kernel``,
+``k_kernel``, ``v_kernel`` ``(D, H, d)`` with biases ``(H, d)``,
+``out_kernel`` ``(H, d, D)`` with bias ``(D,)`` — as ``nnx.MultiHeadAttention``
+keeps them — and ``rel_k`` / ``rel_v`` tables of the canonical shape.
+Reshaping is the exact conversion to and from the canonical ``(D, D)``
+weights (contiguous heads, HEAD-1; PARAM-3).
 """
 
 from __future__ import annotations
@@ -15,15 +16,14 @@ import numpy as np
 from flax import nnx
 
 from spec import AttentionSpec
-from spec.validation import fail_type, fail_value
+from spec.validation import check_params, fail_type
 
-from . import functional
+from . import _checks, functional
+from .interop import flax_layout, from_flax_layout, to_flax_layout
 
-PROJ = ("q", "k", "v")
-
-
-def _as_numpy(x) -> np.ndarray:
-    return np.array(x, copy=True)
+#: canonical parameter name -> the module's attribute holding it
+ATTRS = {"wq": "q_kernel", "wk": "k_kernel", "wv": "v_kernel", "wo": "out_kernel",
+         "bq": "q_bias", "bk": "k_bias", "bv": "v_bias", "bo": "out_bias", "rel_k": "rel_k", "rel_v": "rel_v"}
 
 
 class MultiHeadAttention(nnx.Module):
@@ -36,9 +36,10 @@ class MultiHeadAttention(nnx.Module):
       dtype: parameter and computation dtype (default float32).
 
     Initialisation: kernels LeCun-normal (Flax's default), biases zero, tables
-    N(0, 0.02^2). ``__call__`` takes the keywords of ``jax_impl.attention``; with
-    ``deterministic=False`` (training, the default; ``.eval()`` sets it) and
-    ``spec.dropout > 0`` the keep mask is drawn with P(keep) = 1 - p (DROP-3).
+    N(0, 0.02^2). ``__call__`` takes the keywords of ``jax_impl.attention``
+    (``implementation=`` included, KERN-1); with ``deterministic=False``
+    (training, the default; ``.eval()`` sets it) and ``spec.dropout > 0`` the
+    keep mask is drawn with P(keep) = 1 - p (DROP-3).
     """
 
     def __init__(self, spec: AttentionSpec, *, rngs: nnx.Rngs, dtype=jnp.float32):
@@ -47,73 +48,46 @@ class MultiHeadAttention(nnx.Module):
         self.spec = spec
         self.deterministic = False
         self.rngs = rngs
-        D, H, d = spec.model_dim, spec.num_heads, spec.head_dim
-        init = nnx.initializers.lecun_normal()
-        for n in PROJ:
-            setattr(self, f"{n}_kernel", nnx.Param(init(rngs.params(), (D, D), dtype).reshape(D, H, d)))
-            if spec.bias:
-                setattr(self, f"{n}_bias", nnx.Param(jnp.zeros((H, d), dtype)))
-        self.out_kernel = nnx.Param(init(rngs.params(), (D, D), dtype).reshape(H, d, D))
-        if spec.bias:
-            self.out_bias = nnx.Param(jnp.zeros((D,), dtype))
         shapes = spec.param_shapes()
-        for n in ("rel_k", "rel_v"):
-            if n in shapes:
-                setattr(self, n, nnx.Param(0.02 * jax.random.normal(rngs.params(), shapes[n], dtype)))
+        init = nnx.initializers.lecun_normal()
+        canonical = {n: init(rngs.params(), shapes[n], dtype) for n in ("wq", "wk", "wv", "wo")}
+        if spec.bias:
+            canonical.update({n: jnp.zeros(shapes[n], dtype) for n in ("bq", "bk", "bv", "bo")})
+        tables = {n: 0.02 * jax.random.normal(rngs.params(), shapes[n], dtype)
+                  for n in ("rel_k", "rel_v") if n in shapes}
+        for n, a in {**to_flax_layout(spec, canonical), **tables}.items():
+            setattr(self, ATTRS[n], nnx.Param(a))
 
     def params(self) -> dict:
         """Canonical arrays (reshaped views of the kernels)."""
-        D = self.spec.model_dim
-        out = {}
-        for n in PROJ:
-            out["w" + n] = self.__dict__[f"{n}_kernel"][...].reshape(D, D)
-            if self.spec.bias:
-                out["b" + n] = self.__dict__[f"{n}_bias"][...].reshape(D)
-        out["wo"] = self.out_kernel[...].reshape(D, D)
-        if self.spec.bias:
-            out["bo"] = self.out_bias[...]
-        for n in ("rel_k", "rel_v"):
-            if hasattr(self, n):
-                out[n] = getattr(self, n)[...]
-        return out
+        flax = {n: getattr(self, ATTRS[n])[...] for n in flax_layout(self.spec)}
+        tables = {n: getattr(self, ATTRS[n])[...] for n in ("rel_k", "rel_v") if hasattr(self, ATTRS[n])}
+        return {**from_flax_layout(self.spec, flax), **tables}
 
     def load_canonical(self, params: dict) -> "MultiHeadAttention":
-        """Set every parameter from a canonical set of the module's dtype, exactly."""
-        if not isinstance(params, dict):
-            raise TypeError(f"params: expected a dict of arrays, got {type(params).__name__}")
-        expected = self.spec.param_shapes()
-        missing = [n for n in expected if n not in params]
-        extra = sorted(n for n in params if n not in expected)
-        if missing or extra:
-            raise fail_value("params", f"entries {list(expected)} for this spec",
-                             f"missing {missing}, unexpected {extra}")
-        D, H, d = self.spec.model_dim, self.spec.num_heads, self.spec.head_dim
+        """Set every parameter from a canonical set of the module's dtype, exactly (PARAM-1, PARAM-2)."""
+        if isinstance(params, dict):  # the checks and wording of jax_impl.attention's own (PARAM-2)
+            check_params(self.spec, {n: _checks.describe(f"params[{n!r}]", a) for n, a in params.items()})
+        else:
+            check_params(self.spec, params)  # TypeError: expected a dict of arrays
         dtype = np.dtype(self.out_kernel[...].dtype)
-        for name, shape in expected.items():
-            a = params[name]
+        for a in params.values():
             if np.dtype(a.dtype) != dtype:
                 raise fail_type("params", f"arrays of the module's dtype {dtype.name} (cast them explicitly first)",
                                 f"dtype {np.dtype(a.dtype).name}")
-            if tuple(a.shape) != shape:
-                raise fail_value(f"params[{name!r}]", f"shape {shape}", tuple(a.shape))
-        for n in PROJ:
-            self.__dict__[f"{n}_kernel"].set_value(jnp.asarray(params["w" + n]).reshape(D, H, d))
-            if self.spec.bias:
-                self.__dict__[f"{n}_bias"].set_value(jnp.asarray(params["b" + n]).reshape(H, d))
-        self.out_kernel.set_value(jnp.asarray(params["wo"]).reshape(H, d, D))
-        if self.spec.bias:
-            self.out_bias.set_value(jnp.asarray(params["bo"]))
-        for n in ("rel_k", "rel_v"):
-            if n in params:
-                getattr(self, n).set_value(jnp.asarray(params[n]))
+        arrays = {n: jnp.asarray(a) for n, a in params.items()}
+        tables = {n: a for n, a in arrays.items() if n in ("rel_k", "rel_v")}
+        for n, a in {**to_flax_layout(self.spec, arrays), **tables}.items():
+            getattr(self, ATTRS[n]).set_value(a)
         return self
 
     def canonical_params(self) -> dict:
         """The parameters in the canonical layout as NumPy arrays, exactly (PARAM-3)."""
-        return {n: _as_numpy(a) for n, a in self.params().items()}
+        return {n: np.array(a, copy=True) for n, a in self.params().items()}
 
     def __call__(self, query, key=None, value=None, *, mask=None, bias=None, q_positions=None,
-                 k_positions=None, dropout_keep=None, return_weights: bool = False, deterministic=None):
+                 k_positions=None, dropout_keep=None, return_weights: bool = False, deterministic=None,
+                 implementation=None):
         deterministic = self.deterministic if deterministic is None else deterministic
         if dropout_keep is None and not deterministic and self.spec.dropout > 0:
             B, Lq, _ = query.shape
@@ -122,4 +96,5 @@ class MultiHeadAttention(nnx.Module):
                                                 (B, self.spec.num_heads, Lq, Lk))
         return functional.attention(self.spec, self.params(), query, key, value, mask=mask, bias=bias,
                                     q_positions=q_positions, k_positions=k_positions,
-                                    dropout_keep=dropout_keep, return_weights=return_weights)
+                                    dropout_keep=dropout_keep, return_weights=return_weights,
+                                    implementation=implementation)

@@ -1,6 +1,8 @@
 """jax_impl against the float64 reference; jit, vmap, the NNX module, Flax interop, errors.
 
-(The full conformance matrix for the ``jax`` adapter runs in test_conformance_matrix.py.)
+The default kernel choice is tested here; each kernel (``xla``, ``tiles`` with its query
+tiles) and the choice itself in test_jax_kernels.py. (The full conformance matrix for the
+``jax`` adapters runs in test_conformance_matrix.py.)
 """
 
 import re
@@ -9,19 +11,19 @@ import sys
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 jax = pytest.importorskip("jax", reason="jax_impl needs JAX: pip install attnspec[jax]")
 jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp  # noqa: E402
+from _random_calls import random_call  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import jax_impl  # noqa: E402
 import numpy_ref  # noqa: E402
 from spec import AttentionSpec, Huang, Shaw  # noqa: E402
-
-from _random_calls import random_call  # noqa: E402
 
 HAS_GPU = any(d.platform == "gpu" for d in jax.devices())
 GPU = pytest.param("gpu", marks=pytest.mark.skipif(not HAS_GPU, reason="no GPU visible to JAX on this machine"))
@@ -49,7 +51,10 @@ def test_forward_and_gradients_match_the_reference_in_float64(device, seed):
     call = random_call(seed)
     call.key, call.value = call.key.copy(), call.value.copy()
     dev = jax.devices(device)[0]
-    put = lambda a: jax.device_put(jnp.asarray(a), dev)
+
+    def put(a):
+        return jax.device_put(jnp.asarray(a), dev)
+
     params = {n: put(a) for n, a in call.params.items()}
     diff = {"query": put(call.query), "key": put(call.key), "value": put(call.value)}
     other = {n: put(a) for n, a in call.kwargs.items() if n != "bias"}
@@ -65,53 +70,6 @@ def test_forward_and_gradients_match_the_reference_in_float64(device, seed):
     for name, expected in ref.items():
         np.testing.assert_allclose(np.asarray(got[name]), expected, rtol=0, atol=1e-11, err_msg=name)
     assert next(iter(out.devices())).platform == device
-
-
-@settings(max_examples=15)  # each example compiles its own program
-@given(seed=st.integers(0, 2**32 - 1))
-def test_causal_query_tiles_of_two_match_the_reference(seed):
-    """With QUERY_TILE_ROWS = 2 every plain causal call of 4 or more queries goes through the tiles."""
-    from unittest import mock
-
-    from jax_impl import functional
-
-    call = random_call(seed)
-    params = {n: jnp.asarray(a) for n, a in call.params.items()}
-    kwargs = {n: jnp.asarray(a) for n, a in call.kwargs.items()}
-    fwd = jax.jit(lambda p, x, k, v, kw: jax_impl.attention(call.spec, p, x, k, v, **kw, return_weights=True))
-    with mock.patch.object(functional, "QUERY_TILE_ROWS", 2):
-        out, w = fwd(params, jnp.asarray(call.query), jnp.asarray(call.key), jnp.asarray(call.value), kwargs)
-    ref_out, ref_w = numpy_ref.attention(*call.args(), **call.kwargs, return_weights=True)
-    np.testing.assert_allclose(np.asarray(out), ref_out, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(np.asarray(w), ref_w, rtol=0, atol=1e-12)
-
-
-@pytest.mark.parametrize("relative", [Shaw(3), Huang(150), None], ids=["shaw", "huang", "none"])
-def test_causal_query_tiles_at_a_length_that_splits_them_match_the_reference(relative):
-    """Lq = 300 with tiles of 128: three query tiles, each attending only keys up to its last query."""
-    from unittest import mock
-
-    from jax_impl import functional
-
-    spec = AttentionSpec(1, 4, relative=relative, causal=True, dropout=0.25)
-    params = numpy_ref.init_params(spec, 1)
-    rng = np.random.default_rng(2)
-    x, keep, g = rng.normal(size=(1, 300, 4)), rng.random((1, 1, 300, 300)) < 0.75, rng.normal(size=(1, 300, 4))
-
-    def f(p, x):
-        return jax_impl.attention(spec, p, x, dropout_keep=jnp.asarray(keep), return_weights=True)
-
-    with mock.patch.object(functional, "QUERY_TILE_ROWS", 128):  # read while tracing
-        out, pullback, w = jax.vjp(jax.jit(f), {n: jnp.asarray(a) for n, a in params.items()}, jnp.asarray(x),
-                                   has_aux=True)
-    g_params, g_x = pullback(jnp.asarray(g))
-    ref_out, ref_w = numpy_ref.attention(spec, params, x, dropout_keep=keep, return_weights=True)
-    np.testing.assert_allclose(np.asarray(out), ref_out, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(np.asarray(w), ref_w, rtol=0, atol=1e-12)
-    ref = numpy_ref.attention_vjp(spec, params, x, x, x, g, dropout_keep=keep)
-    for name, got in {**g_params, "self-attention input": g_x}.items():
-        expected = ref[name] if name in ref else ref["query"] + ref["key"] + ref["value"]
-        np.testing.assert_allclose(np.asarray(got), expected, rtol=0, atol=1e-11, err_msg=name)
 
 
 def test_jit_compiles_once_per_shape():
@@ -138,8 +96,8 @@ def test_spec_is_a_static_argument():
     params = {n: jnp.asarray(a) for n, a in numpy_ref.init_params(spec, 1).items()}
     x = jnp.asarray(np.random.default_rng(1).normal(size=(1, 4, 2)))
     jf = jax.jit(jax_impl.attention, static_argnums=0, static_argnames="return_weights")
-    np.testing.assert_allclose(np.asarray(jf(spec, params, x)), numpy_ref.attention(spec, numpy_ref.init_params(spec, 1),
-                                                                                 np.asarray(x)), atol=1e-12)
+    expected = numpy_ref.attention(spec, numpy_ref.init_params(spec, 1), np.asarray(x))
+    np.testing.assert_allclose(np.asarray(jf(spec, params, x)), expected, atol=1e-12)
 
 
 def test_vmap_over_an_extra_leading_axis_matches_a_loop():
@@ -187,6 +145,25 @@ def test_dropout_comes_from_the_rngs_in_training_and_is_off_in_eval():
     assert not np.allclose(np.asarray(m(x)), np.asarray(out))  # the stream advances
     m.eval()
     np.testing.assert_allclose(np.asarray(m(x)), numpy_ref.attention(spec, ref_params, np.asarray(x)), atol=1e-12)
+
+
+def test_load_canonical_checks_params_in_the_words_of_the_functional_entry_point():
+    """PARAM-2: the same check and message as jax_impl.attention's (spec.validation.check_params)."""
+    spec = AttentionSpec(2, 3, relative=Shaw(1))
+    m = jax_impl.MultiHeadAttention(spec, rngs=nnx.Rngs(0), dtype=jnp.float64)
+    params = numpy_ref.init_params(spec, 0)
+    x = jnp.zeros((1, 2, 6))
+    cases = [({n: a for n, a in params.items() if n != "rel_v"}, ValueError),
+             ({**params, "extra": params["wq"]}, ValueError),
+             ({**params, "rel_k": params["rel_k"][:2]}, ValueError),
+             ({**params, "wq": params["wq"].astype(np.int64)}, TypeError),
+             ([1, 2], TypeError)]
+    for bad, error in cases:
+        with pytest.raises(error) as functional:
+            jax_impl.attention(spec, bad if not isinstance(bad, dict) else {n: jnp.asarray(a) for n, a in bad.items()},
+                               x)
+        with pytest.raises(error, match=re.escape(str(functional.value))):
+            m.load_canonical(bad)
 
 
 def test_load_canonical_refuses_silent_casts():

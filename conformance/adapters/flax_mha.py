@@ -2,8 +2,9 @@
 
 Mapping (spec/comparison.md): the q/k/v kernels are (D, H, d) and the out
 kernel (H, d, D), so each is the canonical (D, D) weight reshaped, which is
-exact (contiguous heads, HEAD-1). The mask is True = attend; causal masks are
-built top-left as ``nnx.make_causal_mask`` does.
+exact (contiguous heads, HEAD-1); the map is ``jax_impl.interop``'s. The mask
+is True = attend; causal masks are built top-left as ``nnx.make_causal_mask``
+does.
 """
 
 from __future__ import annotations
@@ -15,39 +16,34 @@ import numpy as np
 from . import _jax
 from .base import Capabilities
 
-PROJ = {"q": "query", "k": "key", "v": "value"}
-
 
 def to_module(spec, params: dict):
     import jax
     from flax import nnx
 
-    D, H, d = spec.model_dim, spec.num_heads, spec.head_dim
+    from jax_impl import interop
+
+    D, H = spec.model_dim, spec.num_heads
     dtype = np.asarray(params["wq"]).dtype
     highest = _jax.matmul_precision(dtype.name) == "highest"
     m = nnx.MultiHeadAttention(num_heads=H, in_features=D, qkv_features=D, out_features=D, use_bias=spec.bias,
                                dtype=dtype, param_dtype=dtype,
                                precision=jax.lax.Precision.HIGHEST if highest else None,
                                decode=False, deterministic=True, rngs=nnx.Rngs(0))
-    for n, attr in PROJ.items():
-        getattr(m, attr).kernel.set_value(np.asarray(params["w" + n]).reshape(D, H, d))
-        if spec.bias:
-            getattr(m, attr).bias.set_value(np.asarray(params["b" + n]).reshape(H, d))
-    m.out.kernel.set_value(np.asarray(params["wo"]).reshape(H, d, D))
-    if spec.bias:
-        m.out.bias.set_value(np.asarray(params["bo"]))
+    canonical_arrays = {n: np.asarray(params[n]) for n in interop.flax_layout(spec)}
+    for n, a in interop.to_flax_layout(spec, canonical_arrays).items():  # the one layout map (jax_impl.interop)
+        attr, slot = interop.FLAX_SLOTS[n]
+        getattr(getattr(m, attr), slot).set_value(a)
     return m
 
 
 def canonical(spec, kernels: dict) -> dict:
     """Canonical names from {attr: {"kernel": .., "bias": ..}} (module state or its gradient)."""
-    D = spec.model_dim
-    out = {}
-    for n, attr in (*PROJ.items(), ("o", "out")):
-        out["w" + n] = np.asarray(kernels[attr]["kernel"]).reshape(D, D)
-        if spec.bias:
-            out["b" + n] = np.asarray(kernels[attr]["bias"]).reshape(D)
-    return out
+    from jax_impl import interop
+
+    arrays = {n: np.asarray(kernels[attr][slot]) for n, (attr, slot) in interop.FLAX_SLOTS.items()
+              if n in interop.flax_layout(spec)}
+    return interop.from_flax_layout(spec, arrays)
 
 
 def _state_arrays(state) -> dict:

@@ -1,0 +1,68 @@
+"""The ``xla`` kernel: the readable baseline (KERN-1).
+
+    q, k            = qk_transform(q, k)                              (REL-3 hook 1)
+    logits[b,h,i,j] = s * q_i . k_j + s_rel * key_term + scheme bias + bias      (SCALE-2..4)
+    w               = masked softmax over the keys                    (SOFTMAX-1, MASK-5/6)
+    o_i             = sum_j w'_ij v_j + value_term(w')_i,   w' = dropout(w)   (DROP-1, DROP-4)
+
+Whole (B, H, Lq, Lk) logits and the schemes' plain hooks (a gather by
+relative index, a scatter-add): no skew, no bands, no query tiles. Every
+other kernel is tested against this one and against numpy_ref. ``attend``
+is also the body of each query tile of ``tiles``, which gives it the
+schemes' tiled hooks instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Optional
+
+import jax.numpy as jnp
+
+from spec import AttentionSpec
+
+from .. import schemes
+from ..masking import dropout, masked_softmax, stat_dtype
+from ._base import Call, Inputs, Kernel
+
+
+@dataclass(frozen=True)
+class Xla(Kernel):
+    """Whole logits and the plain scheme hooks; supports every call. No knobs."""
+
+    name: ClassVar[str] = "xla"
+
+    def unsupported(self, spec: AttentionSpec, call: Call) -> Optional[str]:
+        return None  # every scheme module has the plain hooks (REL-4)
+
+    def __call__(self, spec: AttentionSpec, params: dict, x: Inputs, call: Call):
+        hooks = schemes.plain_hooks(spec.relative)
+        if hooks.qk_transform is not None:  # REL-3 (1): after the head split, before any logit
+            q, k = hooks.qk_transform(params, x.q, x.k, x.q_positions, x.k_positions)
+            x = x._replace(q=q, k=k)
+        return attend(spec, params, x, hooks)
+
+
+def attend(spec: AttentionSpec, params: dict, x: Inputs, hooks: schemes.Hooks):
+    """Logits, softmax and values of the queries of ``x`` against all its keys: (o, weights).
+
+    x.q (B, H, Lq, d), x.k and x.v (B, H, Lk, d) -> o (B, H, Lq, d) in the
+    query's dtype, weights (B, H, Lq, Lk) post-softmax and pre-dropout, in
+    the softmax dtype (float32 for the 16-bit dtypes, PREC-4). The hooks'
+    key term, bias and value term are applied in REL-3 order.
+    """
+    dtype = x.q.dtype
+    stat = stat_dtype(dtype)  # PREC-4
+    logits = jnp.einsum("bhid,bhjd->bhij", x.q, x.k).astype(stat) * spec.effective_scale  # SCALE-2
+    if hooks.key_term is not None:  # REL-3 (2), REL-1
+        logits = logits + hooks.key_term(params, x.q, x.delta).astype(stat) * spec.relative_scale  # SCALE-3
+    if hooks.bias is not None:  # REL-3 (3): unscaled
+        logits = logits + hooks.bias(params, x.delta).astype(stat)
+    if x.bias is not None:
+        logits = logits + x.bias.astype(stat)  # BIAS-1, never scaled (SCALE-4)
+    weights = masked_softmax(logits, x.allowed, spec.mask_fill)  # SOFTMAX-1, MASK-5 / MASK-6
+    dropped = dropout(weights, x.dropout_keep, spec.dropout)  # DROP-1
+    o = jnp.einsum("bhij,bhjd->bhid", dropped.astype(dtype), x.v)
+    if hooks.value_term is not None:  # REL-3 (4), from the weights after dropout (DROP-4)
+        o = o + hooks.value_term(params, dropped, x.delta).astype(dtype)
+    return o, weights
