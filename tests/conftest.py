@@ -25,11 +25,23 @@ settings.load_profile("attnspec")
 KILLS_ENV = "ATTNSPEC_MUTANT_KILLS_DIR"
 
 
+# XLA's compilation cache for the JAX adapters, one folder for the whole session
+# so that xdist workers share it (conformance/adapters/_jax.py; made fresh here).
+JAX_CACHE_ENV = "ATTNSPEC_JAX_CACHE_DIR"
+
+
 def pytest_configure(config):
     if not hasattr(config, "workerinput"):
         folder = tempfile.mkdtemp(prefix="attnspec-kills-")
         os.environ[KILLS_ENV] = folder
         config._attnspec_kills = folder
+        config._attnspec_jax_cache = os.environ[JAX_CACHE_ENV] = tempfile.mkdtemp(prefix="attnspec-xla-")
+
+
+def pytest_unconfigure(config):
+    folder = getattr(config, "_attnspec_jax_cache", None)
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def record_kill(name: str, rule: str, killed_by: list) -> None:

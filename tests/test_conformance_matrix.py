@@ -3,18 +3,27 @@
 A test fails when any check of its cell fails (expected deviations listed in
 conformance/deviations.json are allowed, strictly); a cell the adapter
 cannot run is skipped with the reason the harness gives.
+
+Every built-in adapter runs here except ``jax``, jax_impl's automatic kernel
+choice: for every case it resolves to exactly the kernel object that the
+``jax:tiles`` adapter pins (``test_jax_automatic_choice_is_the_tiles_kernel``
+checks this case by case), so its cells would trace and run the same
+programs again (about 150 s of the suite on 2 cores). ``python -m
+conformance run`` runs it as an adapter of its own.
 """
 
 import pytest
 
 from conformance import runner
 from conformance.adapters import BUILTIN, load_adapter
+from conformance.catalog import CASES
 from conformance.checks import CaseRun
 from conformance.store import load_case, load_manifest
 
 MANIFEST = load_manifest()
 DEVIATIONS = runner.load_deviations()
-ADAPTERS = {name: load_adapter(name) for name in BUILTIN}
+SAME_PROGRAMS_AS = {"jax": "jax:tiles"}
+ADAPTERS = {name: load_adapter(name) for name in BUILTIN if name not in SAME_PROGRAMS_AS}
 CELLS = list(runner.matrix(runner.Plan(list(ADAPTERS.values()))))
 
 
@@ -34,3 +43,19 @@ def test_cell(cell):
     assert results, "a runnable cell must produce checks"
     failed = [f"[{r.check}] {r.message}" for r in results if r.failed]
     assert not failed, "\n".join(failed)
+
+
+def test_jax_automatic_choice_is_the_tiles_kernel():
+    """KERN-1: implementation=None picks Tiles() for every case and call form the matrix makes."""
+    pytest.importorskip("jax")
+    from jax_impl import kernels
+
+    for case in CASES:
+        if case.expect_error:
+            continue
+        f = case.features()
+        for weights in (False, True):
+            call = kernels.Call(case.dims.B, case.dims.Lq, case.dims.Lk, default_positions="positions" not in f,
+                                mask="mask" in f, bias="bias" in f, dropout_keep="dropout-keep" in f,
+                                return_weights=weights)
+            assert kernels.resolve(None, case.spec, call) == kernels.resolve("tiles", case.spec, call), case.id

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
+
 import numpy as np
 
 from .base import Adapter
@@ -16,11 +21,36 @@ def jax_available():
     return None
 
 
+#: A folder for XLA's compilation cache shared by the processes of one run (pytest-xdist
+#: workers): set by the test session; otherwise each process makes a fresh one.
+CACHE_ENV = "ATTNSPEC_JAX_CACHE_DIR"
+
+
+def _compilation_cache() -> str:
+    """A fresh, run-local folder for XLA's compilation cache (never one left from an earlier run).
+
+    The kernel adapters of one implementation compile many identical
+    programs (``jax`` lets jax_impl choose, which is ``jax:tiles`` for every
+    built-in case); the cache compiles each once. It is keyed by the program
+    and the compiler options, so it cannot change a result.
+    """
+    folder = os.environ.get(CACHE_ENV)
+    if not folder:
+        folder = tempfile.mkdtemp(prefix="attnspec-xla-")
+        os.environ[CACHE_ENV] = folder
+        atexit.register(shutil.rmtree, folder, True)
+    return folder
+
+
 def setup() -> dict:
-    """float64 needs x64; conformance pins matmuls to full float32 precision."""
+    """float64 needs x64; conformance pins matmuls to full float32 precision; one compilation per program."""
     import jax
 
     jax.config.update("jax_enable_x64", True)
+    if not jax.config.jax_compilation_cache_dir:
+        jax.config.update("jax_compilation_cache_dir", _compilation_cache())
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     return {"jax": jax.__version__, "jax_enable_x64": True, "default_matmul_precision": "highest",
             "backend": jax.default_backend()}
 
