@@ -55,8 +55,7 @@ def vanilla_flops(L: int, b: int = B, h: int = H, d: int = D_HEAD) -> float:
     return 4.0 * b * h * L * L * d
 
 
-def interleaved_medians(fns: dict, sync=lambda: None, rounds: int = 5, warmup: int = 1,
-                        budget_s: float = 60.0) -> dict:
+def interleaved_medians(fns: dict, sync=lambda: None, rounds: int = 5, warmup: int = 1, budget_s: float = 60.0) -> dict:
     """Median wall time of every function in ``fns``, timed in interleaved rounds.
 
     Each round runs every function once, so a slow spell of a shared machine
@@ -80,22 +79,47 @@ def interleaved_medians(fns: dict, sync=lambda: None, rounds: int = 5, warmup: i
     return {key: (statistics.median(ts), len(ts)) for key, ts in times.items()}
 
 
-def make_record(framework: str, impl: str, scheme: str, L: int, dtype: str, device: str, mode: str,
-                seconds: float, repeats: int, notes: str = "") -> Record:
+def make_record(
+    framework: str,
+    impl: str,
+    scheme: str,
+    L: int,
+    dtype: str,
+    device: str,
+    mode: str,
+    seconds: float,
+    repeats: int,
+    notes: str = "",
+) -> Record:
     """One measurement, with vanilla GFLOP/s (x3 with the backward pass); logs one line."""
     import sys
 
     flops = vanilla_flops(L) * (3 if mode == "forward+backward" else 1)
-    print(f"{framework:5s} {impl:30s} {scheme:14s} L={L:5d} {mode:16s} {seconds * 1e3:10.2f} ms",
-          file=sys.stderr, flush=True)
-    return Record(framework, impl, scheme, L, dtype, device, mode, seconds, repeats, gflops=flops / seconds / 1e9,
-                  notes=notes)
+    print(
+        f"{framework:5s} {impl:30s} {scheme:14s} L={L:5d} {mode:16s} {seconds * 1e3:10.2f} ms",
+        file=sys.stderr,
+        flush=True,
+    )
+    return Record(
+        framework, impl, scheme, L, dtype, device, mode, seconds, repeats, gflops=flops / seconds / 1e9, notes=notes
+    )
 
 
-def timed_record(framework: str, impl: str, scheme: str, L: int, dtype: str, device: str, mode: str, fn,
-                 sync=lambda: None, repeats: int = 5, warmup: int = 1) -> Record:
+def timed_record(
+    framework: str,
+    impl: str,
+    scheme: str,
+    L: int,
+    dtype: str,
+    device: str,
+    mode: str,
+    fn,
+    sync=lambda: None,
+    repeats: int = 5,
+    warmup: int = 1,
+) -> Record:
     """Time ``fn`` alone (median) and make its record."""
-    (seconds, n), = interleaved_medians({impl: fn}, sync, rounds=repeats, warmup=warmup, budget_s=20.0).values()
+    ((seconds, n),) = interleaved_medians({impl: fn}, sync, rounds=repeats, warmup=warmup, budget_s=20.0).values()
     return make_record(framework, impl, scheme, L, dtype, device, mode, seconds, n)
 
 
@@ -106,18 +130,23 @@ PROJECTIONS = "projections only"
 CORE_NOTE = "module forward minus the projections-only forward, same rounds"
 
 
-def timed_records(framework: str, fns: dict, L: int, dtype: str, device: str, mode: str, sync=lambda: None,
-                  rounds: int = 5) -> list:
+def timed_records(
+    framework: str, fns: dict, L: int, dtype: str, device: str, mode: str, sync=lambda: None, rounds: int = 5
+) -> list:
     """Records for {(impl, scheme): fn} timed together; with mode forward also the derived core times."""
     medians = interleaved_medians(fns, sync, rounds=rounds)
-    records = [make_record(framework, impl, scheme, L, dtype, device, mode, s, n)
-               for (impl, scheme), (s, n) in medians.items() if impl != PROJECTIONS]
+    records = [
+        make_record(framework, impl, scheme, L, dtype, device, mode, s, n)
+        for (impl, scheme), (s, n) in medians.items()
+        if impl != PROJECTIONS
+    ]
     proj = next((s for (impl, _), (s, _n) in medians.items() if impl == PROJECTIONS), None)
     if mode == "forward" and proj is not None:
         for (impl, scheme), (s, n) in medians.items():
             if impl != PROJECTIONS and s > proj:
-                records.append(make_record(framework, impl, scheme, L, dtype, device, "core", s - proj, n,
-                                           notes=CORE_NOTE))
+                records.append(
+                    make_record(framework, impl, scheme, L, dtype, device, "core", s - proj, n, notes=CORE_NOTE)
+                )
     return records
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import jax_impl
 import numpy_ref
 
-from .common import B, D_HEAD, H, PROJECTIONS, bench_main, spec_for, timed_records
+from .common import D_HEAD, PROJECTIONS, B, H, bench_main, spec_for, timed_records
 
 
 def dpa_layer(spec):
@@ -23,8 +23,7 @@ def dpa_layer(spec):
         def heads(w, b):
             return (x @ p[w] + p[b]).reshape(B, -1, H, D_HEAD)  # (B, L, N, H) layout
 
-        o = jax.nn.dot_product_attention(heads("wq", "bq"), heads("wk", "bk"), heads("wv", "bv"),
-                                         is_causal=spec.causal)
+        o = jax.nn.dot_product_attention(heads("wq", "bq"), heads("wk", "bk"), heads("wv", "bv"), is_causal=spec.causal)
         return o.reshape(x.shape) @ p["wo"] + p["bo"]
 
     return f
@@ -66,8 +65,9 @@ def run(lengths, device: str, dtype_name: str, modes, quick: bool) -> list:
             for impl, (factory, schemes) in IMPLS.items():
                 for scheme in schemes:
                     spec = spec_for(scheme, L)
-                    p = {n: jax.device_put(jnp.asarray(a, dtype), dev)
-                         for n, a in numpy_ref.init_params(spec, 0).items()}
+                    p = {
+                        n: jax.device_put(jnp.asarray(a, dtype), dev) for n, a in numpy_ref.init_params(spec, 0).items()
+                    }
                     fns[(impl, scheme)] = _timed_fn(factory(spec), p, x, mode)
             records += timed_records("jax", fns, L, dtype_name, device, mode, rounds=3 if quick else 7)
     return records

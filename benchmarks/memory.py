@@ -75,8 +75,7 @@ def jax_peak(impl: str, scheme: str, L: int, device: str) -> float:
 
     import numpy_ref
 
-    from .common import B, D_HEAD, H
-    from .common import spec_for
+    from .common import D_HEAD, B, H, spec_for
     from .jax_bench import IMPLS
 
     def make(L):
@@ -95,7 +94,7 @@ def jax_peak(impl: str, scheme: str, L: int, device: str) -> float:
 
 
 def main(argv=None):
-    framework, impl, scheme, L, device = (argv or sys.argv[1:])
+    framework, impl, scheme, L, device = argv or sys.argv[1:]
     peak = (torch_peak if framework == "torch" else jax_peak)(impl, scheme, int(L), device)
     print(json.dumps({"peak_mb": peak}))
 

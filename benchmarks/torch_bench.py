@@ -14,7 +14,7 @@ import numpy_ref
 import torch_impl
 from spec import AttentionSpec, Huang
 
-from .common import B, D_HEAD, H, PROJECTIONS, bench_main, spec_for, timed_record, timed_records
+from .common import D_HEAD, PROJECTIONS, B, H, bench_main, spec_for, timed_record, timed_records
 
 
 def params_for(spec, device, dtype) -> dict:
@@ -58,8 +58,8 @@ def shaw_seed_layer(spec, p):
         idx = (pos[None, :] - pos[:, None]).clamp(-k_max, k_max) + k_max  # (L, L)
         table_k, table_v = p["rel_k"][idx], p["rel_v"][idx]  # (L, L, d) each
         content = q @ k.transpose(-1, -2)
-        rel = (q.permute(2, 0, 1, 3).reshape(L, B * H, D_HEAD) @ table_k.transpose(1, 2))  # (L, B*H, L)
-        logits = (content + rel.reshape(L, B, H, L).permute(1, 2, 0, 3)) / D_HEAD ** 0.5
+        rel = q.permute(2, 0, 1, 3).reshape(L, B * H, D_HEAD) @ table_k.transpose(1, 2)  # (L, B*H, L)
+        logits = (content + rel.reshape(L, B, H, L).permute(1, 2, 0, 3)) / D_HEAD**0.5
         w = torch.softmax(logits, dim=-1)
         o = w @ v + (w.permute(2, 0, 1, 3).reshape(L, B * H, L) @ table_v).reshape(L, B, H, D_HEAD).permute(1, 2, 0, 3)
         return o.transpose(1, 2).reshape(x.shape) @ p["wo"] + p["bo"]
@@ -74,13 +74,13 @@ def music_seed_layer(spec, p):
     def f(x):
         L = x.shape[1]
         q, k, v = _heads(x, p["wq"], p["bq"]), _heads(x, p["wk"], p["bk"]), _heads(x, p["wv"], p["bv"])
-        rows = p["rel_k"][spec.relative.max_len - L: spec.relative.max_len + L - 1]  # distances -(L-1)..L-1
+        rows = p["rel_k"][spec.relative.max_len - L : spec.relative.max_len + L - 1]  # distances -(L-1)..L-1
         s_rel = q @ rows.T  # (B, H, L, 2L - 1)
         shifted = torch.zeros(B, H, L, L, dtype=x.dtype, device=x.device)
         for i in range(L):
             for j in range(L):
                 shifted[..., i, j] = s_rel[..., i, j - i + L - 1]
-        w = torch.softmax((q @ k.transpose(-1, -2)) / D_HEAD ** 0.5 + shifted, dim=-1)
+        w = torch.softmax((q @ k.transpose(-1, -2)) / D_HEAD**0.5 + shifted, dim=-1)
         return (w @ v).transpose(1, 2).reshape(x.shape) @ p["wo"] + p["bo"]
 
     return f
@@ -119,12 +119,15 @@ def build(impl: str, scheme: str, L: int, device: str, dtype):
 
 def _timed_fn(layer, x, mode: str):
     if mode == "forward":
+
         def fn():
             with torch.no_grad():
                 layer(x)
     else:
+
         def fn():
             layer(x).sum().backward()
+
     return fn
 
 
@@ -147,9 +150,21 @@ def run(lengths, device: str, dtype_name: str, modes, quick: bool) -> list:
             for scheme in schemes:
                 layer, x, _ = build(impl, scheme, L, device, dtype)
                 music = "music" in impl
-                records.append(timed_record("torch", impl, scheme, L, dtype_name, device, "forward",
-                                            _timed_fn(layer, x, "forward"), sync, repeats=1 if music else 3,
-                                            warmup=0 if music else 1))
+                records.append(
+                    timed_record(
+                        "torch",
+                        impl,
+                        scheme,
+                        L,
+                        dtype_name,
+                        device,
+                        "forward",
+                        _timed_fn(layer, x, "forward"),
+                        sync,
+                        repeats=1 if music else 3,
+                        warmup=0 if music else 1,
+                    )
+                )
     return records
 
 

@@ -59,7 +59,7 @@ class Mask:
         mask = rng.random(_shape(self.pattern, dims, H)) < self.density
         if self.dead_keys:
             assert self.pattern[-1] == "K"
-            mask[..., dims.Lk - self.dead_keys:] = False
+            mask[..., dims.Lk - self.dead_keys :] = False
         if self.empty_rows:
             assert self.pattern[-2:] == "QK"
             mask[..., : self.empty_rows, :] = False
@@ -110,18 +110,26 @@ class Positions:
             return {"q_positions": np.arange(Lk - Lq, Lk, dtype=np.int64)}
         if self.kind == "shifted":
             shift = int(rng.integers(50, 150))
-            return {"q_positions": np.arange(Lq, dtype=np.int64) + shift,
-                    "k_positions": np.arange(Lk, dtype=np.int64) + shift}
+            return {
+                "q_positions": np.arange(Lq, dtype=np.int64) + shift,
+                "k_positions": np.arange(Lk, dtype=np.int64) + shift,
+            }
         if self.kind == "random":
-            return {"q_positions": rng.integers(-3, Lk + 3, size=Lq).astype(np.int64),
-                    "k_positions": rng.integers(-3, Lk + 3, size=Lk).astype(np.int64)}
+            return {
+                "q_positions": rng.integers(-3, Lk + 3, size=Lq).astype(np.int64),
+                "k_positions": rng.integers(-3, Lk + 3, size=Lk).astype(np.int64),
+            }
         if self.kind == "per-batch":
             off = rng.integers(-4, 5, size=(B, 1))
-            return {"q_positions": (np.arange(Lq) + off).astype(np.int64),
-                    "k_positions": (np.arange(Lk) + off + rng.integers(-2, 3, size=(B, 1))).astype(np.int64)}
+            return {
+                "q_positions": (np.arange(Lq) + off).astype(np.int64),
+                "k_positions": (np.arange(Lk) + off + rng.integers(-2, 3, size=(B, 1))).astype(np.int64),
+            }
         if self.kind == "spread":
             return {"k_positions": 3 * np.arange(Lk, dtype=np.int64)}
-        raise ValueError(f"Positions.kind: expected one of bottom-right, shifted, random, per-batch, spread, got {self.kind!r}")
+        raise ValueError(
+            f"Positions.kind: expected one of bottom-right, shifted, random, per-batch, spread, got {self.kind!r}"
+        )
 
     @property
     def features(self):

@@ -13,8 +13,19 @@ from spec import AttentionSpec, Huang, Shaw, profiles
 
 from .cases import Bias, Case, Dims, Keep, Mask, Positions, Twin
 
-CORE = ("SHAPE-1", "PARAM-1", "PROJ-1", "HEAD-1", "HEAD-2", "SCALE-1", "SCALE-2",
-        "SOFTMAX-1", "SOFTMAX-2", "OUT-1", "GRAD-1")
+CORE = (
+    "SHAPE-1",
+    "PARAM-1",
+    "PROJ-1",
+    "HEAD-1",
+    "HEAD-2",
+    "SCALE-1",
+    "SCALE-2",
+    "SOFTMAX-1",
+    "SOFTMAX-2",
+    "OUT-1",
+    "GRAD-1",
+)
 REL = ("REL-1", "REL-2", "REL-3", "REL-4", "SCALE-3")
 SHAW = ("SHAW-1", "SHAW-2", "SHAW-3", "SHAW-4")
 HUANG = ("HUANG-1", "HUANG-2", "HUANG-4")
@@ -45,35 +56,79 @@ def _cases() -> list[Case]:
 
     # ------------------------------------------------------------ causal
     C = replace(V, causal=True)
-    add(Case("causal/self/top-left", CORE + ("CAUSAL-1", "POS-3", "GRAD-2"), C, D6, self_attention=True,
-             twins=(Twin("as-explicit-mask", ("CAUSAL-1",), replace(C, causal=False), "causal-as-mask"),)))
+    add(
+        Case(
+            "causal/self/top-left",
+            CORE + ("CAUSAL-1", "POS-3", "GRAD-2"),
+            C,
+            D6,
+            self_attention=True,
+            twins=(Twin("as-explicit-mask", ("CAUSAL-1",), replace(C, causal=False), "causal-as-mask"),),
+        )
+    )
     add(Case("causal/cross/lq3-lk7-top-left", ("CAUSAL-1", "POS-3", "GRAD-2"), C, Dims(2, 3, 7)))
     add(Case("causal/cross/lq7-lk3-top-left", ("CAUSAL-1", "POS-3"), C, Dims(2, 7, 3)))
-    add(Case("causal/cross/lq7-lk3-bottom-right-empty-rows", ("CAUSAL-1", "POS-3", "MASK-5", "GRAD-2"), C,
-             Dims(2, 7, 3), recipes=(Positions("bottom-right"),)))
-    add(Case("causal/cross/lq3-lk7-bottom-right", ("CAUSAL-1", "POS-1", "POS-3"), C, Dims(2, 3, 7),
-             recipes=(Positions("bottom-right"),)))
+    add(
+        Case(
+            "causal/cross/lq7-lk3-bottom-right-empty-rows",
+            ("CAUSAL-1", "POS-3", "MASK-5", "GRAD-2"),
+            C,
+            Dims(2, 7, 3),
+            recipes=(Positions("bottom-right"),),
+        )
+    )
+    add(
+        Case(
+            "causal/cross/lq3-lk7-bottom-right",
+            ("CAUSAL-1", "POS-1", "POS-3"),
+            C,
+            Dims(2, 3, 7),
+            recipes=(Positions("bottom-right"),),
+        )
+    )
 
     # ------------------------------------------------------------- masks
     for pattern, rank_rules in (("K", ()), ("QK", ()), ("HQK", ()), ("B1QK", ()), ("BHQK", ())):
-        add(Case(f"mask/rank{len(pattern)}-{pattern}", ("MASK-1", "MASK-4", "GRAD-2", "GRAD-3") + rank_rules,
-                 V, CROSS, recipes=(Mask(pattern),),
-                 twins=(Twin("full-rank-mask", ("MASK-1",), None, "mask-full-rank"),
-                        Twin("as-minus-inf-bias", ("BIAS-2", "MASK-4"), None, "mask-as-bias"))))
-    add(Case("mask/padding-B11K-dead-keys", ("MASK-1", "MASK-4", "MASK-7", "GRAD-2"), V, CROSS,
-             recipes=(Mask("B11K", density=1.0, dead_keys=2),)))
-    add(Case("mask/fully-masked-rows", ("MASK-4", "MASK-5", "GRAD-2"), V, CROSS,
-             recipes=(Mask("B1QK", empty_rows=2),)))
-    add(Case("mask/and-causal", ("MASK-2", "CAUSAL-1", "MASK-4"), C, D6, self_attention=True,
-             recipes=(Mask("B1QK"),)))
+        add(
+            Case(
+                f"mask/rank{len(pattern)}-{pattern}",
+                ("MASK-1", "MASK-4", "GRAD-2", "GRAD-3") + rank_rules,
+                V,
+                CROSS,
+                recipes=(Mask(pattern),),
+                twins=(
+                    Twin("full-rank-mask", ("MASK-1",), None, "mask-full-rank"),
+                    Twin("as-minus-inf-bias", ("BIAS-2", "MASK-4"), None, "mask-as-bias"),
+                ),
+            )
+        )
+    add(
+        Case(
+            "mask/padding-B11K-dead-keys",
+            ("MASK-1", "MASK-4", "MASK-7", "GRAD-2"),
+            V,
+            CROSS,
+            recipes=(Mask("B11K", density=1.0, dead_keys=2),),
+        )
+    )
+    add(Case("mask/fully-masked-rows", ("MASK-4", "MASK-5", "GRAD-2"), V, CROSS, recipes=(Mask("B1QK", empty_rows=2),)))
+    add(Case("mask/and-causal", ("MASK-2", "CAUSAL-1", "MASK-4"), C, D6, self_attention=True, recipes=(Mask("B1QK"),)))
 
     # -------------------------------------------------------------- bias
     add(Case("bias/full-BHQK", ("BIAS-1", "SCALE-4", "GRAD-1"), V, CROSS, recipes=(Bias("BHQK"),)))
     add(Case("bias/broadcast-QK", ("BIAS-1", "SCALE-4"), V, CROSS, recipes=(Bias("QK"),)))
     add(Case("bias/minus-inf-entries", ("BIAS-2", "MASK-4", "GRAD-2"), V, CROSS, recipes=(Bias("B1QK", neg_inf=0.25),)))
     add(Case("bias/minus-inf-rows", ("BIAS-2", "MASK-5", "GRAD-2"), V, CROSS, recipes=(Bias("1HQK", empty_rows=1),)))
-    add(Case("bias/with-mask-and-causal", ("BIAS-1", "MASK-2", "MASK-4"), C, D6, self_attention=True,
-             recipes=(Bias("QK"), Mask("B11K", density=0.8))))
+    add(
+        Case(
+            "bias/with-mask-and-causal",
+            ("BIAS-1", "MASK-2", "MASK-4"),
+            C,
+            D6,
+            self_attention=True,
+            recipes=(Bias("QK"), Mask("B11K", density=0.8)),
+        )
+    )
 
     # --------------------------------------------------------- mask_fill
     F = replace(V, mask_fill=-1e9)
@@ -90,69 +145,234 @@ def _cases() -> list[Case]:
     add(Case("positions/per-batch", ("POS-1", "POS-2"), H8, CROSS, recipes=(Positions("per-batch"),)))
 
     # --------------------------------------------------------------- Shaw
-    add(Case("shaw/k2/self/basic", CORE + REL + SHAW + ("SHAPE-2", "PARAM-3"), S2, D6, self_attention=True,
-             twins=(Twin("shifted-positions", ("POS-4",), None, "shift-positions"),)))
-    add(Case("shaw/k2/self/per-head", REL + SHAW, replace(S2, relative=Shaw(2, per_head=True)), D6, self_attention=True))
+    add(
+        Case(
+            "shaw/k2/self/basic",
+            CORE + REL + SHAW + ("SHAPE-2", "PARAM-3"),
+            S2,
+            D6,
+            self_attention=True,
+            twins=(Twin("shifted-positions", ("POS-4",), None, "shift-positions"),),
+        )
+    )
+    add(
+        Case("shaw/k2/self/per-head", REL + SHAW, replace(S2, relative=Shaw(2, per_head=True)), D6, self_attention=True)
+    )
     add(Case("shaw/k0/self", REL + SHAW, replace(S2, relative=Shaw(0)), D6, self_attention=True))
     add(Case("shaw/k16/cross/beyond-length", REL + SHAW, replace(S2, relative=Shaw(16)), CROSS))
     add(Case("shaw/k2/self/L37-clipped", REL + SHAW + ("SHAW-5",), S2, Dims(1, 37, 37), self_attention=True))
-    add(Case("shaw/k2/cross/keys-only", REL + ("SHAW-1", "SHAW-2", "SHAW-3"),
-             replace(S2, relative=Shaw(2, values=False)), CROSS))
-    add(Case("shaw/k2/cross/values-only-per-head", ("REL-1", "REL-2", "SHAW-1", "SHAW-2", "SHAW-4"),
-             replace(S2, relative=Shaw(2, keys=False, per_head=True)), CROSS))
+    add(
+        Case(
+            "shaw/k2/cross/keys-only",
+            REL + ("SHAW-1", "SHAW-2", "SHAW-3"),
+            replace(S2, relative=Shaw(2, values=False)),
+            CROSS,
+        )
+    )
+    add(
+        Case(
+            "shaw/k2/cross/values-only-per-head",
+            ("REL-1", "REL-2", "SHAW-1", "SHAW-2", "SHAW-4"),
+            replace(S2, relative=Shaw(2, keys=False, per_head=True)),
+            CROSS,
+        )
+    )
     add(Case("shaw/k2/self/unscaled-relative", REL + SHAW, replace(S2, scale_relative=False), D6, self_attention=True))
-    add(Case("shaw/k3/cross/causal-bottom-right", REL + SHAW + ("CAUSAL-1", "POS-3"),
-             replace(S2, relative=Shaw(3), causal=True), Dims(2, 3, 7), recipes=(Positions("bottom-right"),)))
-    add(Case("shaw/k2/cross/padding-dead-keys", SHAW + ("MASK-7",), S2, CROSS,
-             recipes=(Mask("B11K", density=1.0, dead_keys=2),)))
-    add(Case("shaw/k2/cross/fully-masked-rows", SHAW + ("MASK-5", "GRAD-2"), S2, CROSS,
-             recipes=(Mask("BHQK", empty_rows=1),)))
+    add(
+        Case(
+            "shaw/k3/cross/causal-bottom-right",
+            REL + SHAW + ("CAUSAL-1", "POS-3"),
+            replace(S2, relative=Shaw(3), causal=True),
+            Dims(2, 3, 7),
+            recipes=(Positions("bottom-right"),),
+        )
+    )
+    add(
+        Case(
+            "shaw/k2/cross/padding-dead-keys",
+            SHAW + ("MASK-7",),
+            S2,
+            CROSS,
+            recipes=(Mask("B11K", density=1.0, dead_keys=2),),
+        )
+    )
+    add(
+        Case(
+            "shaw/k2/cross/fully-masked-rows",
+            SHAW + ("MASK-5", "GRAD-2"),
+            S2,
+            CROSS,
+            recipes=(Mask("BHQK", empty_rows=1),),
+        )
+    )
     add(Case("shaw/k2/cross/random-positions", SHAW + ("POS-1", "POS-2"), S2, CROSS, recipes=(Positions("random"),)))
-    add(Case("shaw/k2/cross/dropout-both-value-terms", SHAW + ("DROP-1", "DROP-4"), replace(S2, dropout=0.25), CROSS,
-             recipes=(Keep(),)))
+    add(
+        Case(
+            "shaw/k2/cross/dropout-both-value-terms",
+            SHAW + ("DROP-1", "DROP-4"),
+            replace(S2, dropout=0.25),
+            CROSS,
+            recipes=(Keep(),),
+        )
+    )
 
     # -------------------------------------------------------------- Huang
     add(Case("huang/M8/self/per-head", CORE + REL + HUANG + ("SHAPE-2",), H8, D6, self_attention=True))
-    add(Case("huang/M8/self/shared-table", REL + HUANG, replace(H8, relative=Huang(8, per_head=False)), D6,
-             self_attention=True))
-    add(Case("huang/M6/self/shared-fits-equals-shaw", REL + HUANG + ("HUANG-5",),
-             replace(H8, relative=Huang(6, per_head=False)), D6, self_attention=True,
-             twins=(Twin("as-shaw-keys-only", ("HUANG-5",), replace(H8, relative=Shaw(5, values=False)), "same"),)))
+    add(
+        Case(
+            "huang/M8/self/shared-table",
+            REL + HUANG,
+            replace(H8, relative=Huang(8, per_head=False)),
+            D6,
+            self_attention=True,
+        )
+    )
+    add(
+        Case(
+            "huang/M6/self/shared-fits-equals-shaw",
+            REL + HUANG + ("HUANG-5",),
+            replace(H8, relative=Huang(6, per_head=False)),
+            D6,
+            self_attention=True,
+            twins=(Twin("as-shaw-keys-only", ("HUANG-5",), replace(H8, relative=Shaw(5, values=False)), "same"),),
+        )
+    )
     add(Case("huang/M3/cross/beyond-table", REL + HUANG + ("HUANG-3",), replace(H8, relative=Huang(3)), CROSS))
-    add(Case("huang/M4/cross/spread-positions-beyond-table", HUANG + ("HUANG-3", "POS-1"),
-             replace(H8, relative=Huang(4)), CROSS, recipes=(Positions("spread"),)))
+    add(
+        Case(
+            "huang/M4/cross/spread-positions-beyond-table",
+            HUANG + ("HUANG-3", "POS-1"),
+            replace(H8, relative=Huang(4)),
+            CROSS,
+            recipes=(Positions("spread"),),
+        )
+    )
     add(Case("huang/M8/self/causal", REL + HUANG + ("CAUSAL-1",), replace(H8, causal=True), D6, self_attention=True))
-    add(Case("huang/M7/cross/causal-bottom-right", HUANG + ("CAUSAL-1", "POS-3"), replace(H8, relative=Huang(7), causal=True),
-             Dims(2, 3, 7), recipes=(Positions("bottom-right"),)))
-    add(Case("huang/M5/cross/random-positions-gather", HUANG + ("POS-1", "POS-2"), replace(H8, relative=Huang(5)),
-             CROSS, recipes=(Positions("random"),)))
-    add(Case("huang/M8/self/unscaled-relative", REL + HUANG, replace(H8, scale_relative=False), D6, self_attention=True))
-    add(Case("huang/M8/cross/bias-and-mask", HUANG + ("BIAS-1", "MASK-1"), H8, CROSS,
-             recipes=(Bias("1HQK", neg_inf=0.1), Mask("B1QK"))))
-    add(Case("huang/M512/self/causal-long-L512", HUANG + ("CAUSAL-1", "HUANG-3"),
-             AttentionSpec(num_heads=1, head_dim=4, relative=Huang(512), causal=True), Dims(1, 512, 512),
-             self_attention=True, store_weights=False,
-             notes="long sequence, one head of 4 channels: small in bytes; weights not stored"))
+    add(
+        Case(
+            "huang/M7/cross/causal-bottom-right",
+            HUANG + ("CAUSAL-1", "POS-3"),
+            replace(H8, relative=Huang(7), causal=True),
+            Dims(2, 3, 7),
+            recipes=(Positions("bottom-right"),),
+        )
+    )
+    add(
+        Case(
+            "huang/M5/cross/random-positions-gather",
+            HUANG + ("POS-1", "POS-2"),
+            replace(H8, relative=Huang(5)),
+            CROSS,
+            recipes=(Positions("random"),),
+        )
+    )
+    add(
+        Case("huang/M8/self/unscaled-relative", REL + HUANG, replace(H8, scale_relative=False), D6, self_attention=True)
+    )
+    add(
+        Case(
+            "huang/M8/cross/bias-and-mask",
+            HUANG + ("BIAS-1", "MASK-1"),
+            H8,
+            CROSS,
+            recipes=(Bias("1HQK", neg_inf=0.1), Mask("B1QK")),
+        )
+    )
+    add(
+        Case(
+            "huang/M512/self/causal-long-L512",
+            HUANG + ("CAUSAL-1", "HUANG-3"),
+            AttentionSpec(num_heads=1, head_dim=4, relative=Huang(512), causal=True),
+            Dims(1, 512, 512),
+            self_attention=True,
+            store_weights=False,
+            notes="long sequence, one head of 4 channels: small in bytes; weights not stored",
+        )
+    )
 
     # ------------------------------------------------------------ profiles
-    add(Case("profile/tutorial-mha", ("PROF-1", "PROF-2"), profiles.tutorial_mha(4, 2), Dims(2, 3, 3),
-             self_attention=True))
-    add(Case("profile/einsum-selfattention/masked", ("PROF-1", "PROF-3", "MASK-6", "SCALE-1"),
-             profiles.einsum_selfattention(12, 3), Dims(2, 5, 5), recipes=(Mask("B1QK", empty_rows=1),)))
-    add(Case("profile/shaw-rpe/masked", ("PROF-1", "PROF-4", "MASK-6") + SHAW, profiles.shaw_rpe(12, 2),
-             Dims(2, 8, 8), recipes=(Mask("B11K", density=1.0, dead_keys=2),)))
-    add(Case("profile/music-relative", ("PROF-1", "PROF-5", "SCALE-3") + HUANG, profiles.music_relative(12, 3, 6),
-             Dims(2, 6, 6), self_attention=True))
+    add(
+        Case(
+            "profile/tutorial-mha",
+            ("PROF-1", "PROF-2"),
+            profiles.tutorial_mha(4, 2),
+            Dims(2, 3, 3),
+            self_attention=True,
+        )
+    )
+    add(
+        Case(
+            "profile/einsum-selfattention/masked",
+            ("PROF-1", "PROF-3", "MASK-6", "SCALE-1"),
+            profiles.einsum_selfattention(12, 3),
+            Dims(2, 5, 5),
+            recipes=(Mask("B1QK", empty_rows=1),),
+        )
+    )
+    add(
+        Case(
+            "profile/shaw-rpe/masked",
+            ("PROF-1", "PROF-4", "MASK-6") + SHAW,
+            profiles.shaw_rpe(12, 2),
+            Dims(2, 8, 8),
+            recipes=(Mask("B11K", density=1.0, dead_keys=2),),
+        )
+    )
+    add(
+        Case(
+            "profile/music-relative",
+            ("PROF-1", "PROF-5", "SCALE-3") + HUANG,
+            profiles.music_relative(12, 3, 6),
+            Dims(2, 6, 6),
+            self_attention=True,
+        )
+    )
 
     # ------------------------------------------------------ argument errors
-    add(Case("errors/mask-not-boolean", ("INPUT-1", "MASK-3"), V, CROSS, expect_error="TypeError",
-             error_inputs="float-mask", dtypes=("float64", "float32")))
-    add(Case("errors/keep-mask-without-dropout", ("INPUT-1", "DROP-2"), V, CROSS, expect_error="ValueError",
-             error_inputs="keep-without-dropout", dtypes=("float64", "float32")))
-    add(Case("errors/params-missing-entry", ("INPUT-1", "PARAM-2"), S2, CROSS, expect_error="ValueError",
-             error_inputs="params-missing", dtypes=("float64", "float32")))
-    add(Case("errors/positions-not-integer", ("INPUT-1", "POS-1"), S2, CROSS, expect_error="TypeError",
-             error_inputs="float-positions", dtypes=("float64", "float32")))
+    add(
+        Case(
+            "errors/mask-not-boolean",
+            ("INPUT-1", "MASK-3"),
+            V,
+            CROSS,
+            expect_error="TypeError",
+            error_inputs="float-mask",
+            dtypes=("float64", "float32"),
+        )
+    )
+    add(
+        Case(
+            "errors/keep-mask-without-dropout",
+            ("INPUT-1", "DROP-2"),
+            V,
+            CROSS,
+            expect_error="ValueError",
+            error_inputs="keep-without-dropout",
+            dtypes=("float64", "float32"),
+        )
+    )
+    add(
+        Case(
+            "errors/params-missing-entry",
+            ("INPUT-1", "PARAM-2"),
+            S2,
+            CROSS,
+            expect_error="ValueError",
+            error_inputs="params-missing",
+            dtypes=("float64", "float32"),
+        )
+    )
+    add(
+        Case(
+            "errors/positions-not-integer",
+            ("INPUT-1", "POS-1"),
+            S2,
+            CROSS,
+            expect_error="TypeError",
+            error_inputs="float-positions",
+            dtypes=("float64", "float32"),
+        )
+    )
     return c
 
 

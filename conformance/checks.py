@@ -102,8 +102,9 @@ def twin_inputs(kind: str, case: Case, inputs: dict) -> dict:
         dtype = inputs["query"].dtype
         out["bias"] = np.where(out.pop("mask"), 0.0, -np.inf).astype(dtype)
         return out
-    raise ValueError(f"twin inputs: expected same, shift-positions, causal-as-mask, mask-full-rank or "
-                     f"mask-as-bias, got {kind!r}")
+    raise ValueError(
+        f"twin inputs: expected same, shift-positions, causal-as-mask, mask-full-rank or mask-as-bias, got {kind!r}"
+    )
 
 
 def twin_case(case: Case, twin) -> Case:
@@ -117,8 +118,7 @@ def twin_case(case: Case, twin) -> Case:
     elif twin.inputs == "mask-as-bias":
         recipes = tuple(r for r in recipes if not isinstance(r, Mask))
         extra.add("bias")
-    return replace(case, spec=twin.spec or case.spec, recipes=recipes, twins=(),
-                   extra_features=frozenset(extra))
+    return replace(case, spec=twin.spec or case.spec, recipes=recipes, twins=(), extra_features=frozenset(extra))
 
 
 ERROR_INPUTS = {
@@ -159,15 +159,25 @@ def compare(actual, truth: np.ndarray, budget: float) -> dict:
     bad = finite & ~np.isfinite(a)
     if bad.any():
         at = [int(i) for i in np.argwhere(bad)[0]]
-        return {"ok": False, "where": at, "message": f"{a[tuple(at)]} where the truth is finite ({truth[tuple(at)]:.6g})"}
+        return {
+            "ok": False,
+            "where": at,
+            "message": f"{a[tuple(at)]} where the truth is finite ({truth[tuple(at)]:.6g})",
+        }
     err = np.where(finite, np.abs(a - truth), 0.0)
     at = [int(i) for i in np.unravel_index(int(np.argmax(err)), err.shape)] if err.size else []
     max_abs = float(err.max(initial=0.0))
     scale = float(np.max(np.abs(truth[finite]), initial=0.0))
     margin = max_abs / budget if budget > 0 else (0.0 if max_abs == 0 else float("inf"))
-    return {"ok": max_abs <= budget, "max_abs": max_abs, "max_rel": max_abs / scale if scale else max_abs,
-            "budget": budget, "margin": margin, "where": at,
-            "message": "" if max_abs <= budget else f"error {max_abs:.3g} exceeds budget {budget:.3g} at {at}"}
+    return {
+        "ok": max_abs <= budget,
+        "max_abs": max_abs,
+        "max_rel": max_abs / scale if scale else max_abs,
+        "budget": budget,
+        "margin": margin,
+        "where": at,
+        "message": "" if max_abs <= budget else f"error {max_abs:.3g} exceeds budget {budget:.3g} at {at}",
+    }
 
 
 def _exception(e: BaseException) -> str:
@@ -185,8 +195,9 @@ class CaseRun:
         self.results: list[CheckResult] = []
 
     def add(self, check: str, status: str, rules, **kw):
-        self.results.append(CheckResult(self.case.id, self.adapter.name, self.dtype, self.device, check, status,
-                                        tuple(rules), **kw))
+        self.results.append(
+            CheckResult(self.case.id, self.adapter.name, self.dtype, self.device, check, status, tuple(rules), **kw)
+        )
 
     def judge(self, check: str, rules, actual, golden: str, budget_key: Optional[str] = None):
         truth = self.tensors[f"{self.dtype}/golden/{golden}"]
@@ -197,8 +208,13 @@ class CaseRun:
 
     def forward(self, inputs, params=None, spec=None, need_weights=None):
         need = self.caps.weights and self.case.store_weights if need_weights is None else need_weights
-        return self.adapter.forward(spec or self.case.spec, params if params is not None else self.params, inputs,
-                                    device=self.device, need_weights=need)
+        return self.adapter.forward(
+            spec or self.case.spec,
+            params if params is not None else self.params,
+            inputs,
+            device=self.device,
+            need_weights=need,
+        )
 
     def run(self) -> list[CheckResult]:
         case = self.case
@@ -234,11 +250,19 @@ class CaseRun:
             self.add(f"rejects/{kind}", "pass", self.case.all_rules, message=f"{type(e).__name__}: {e}")
             return
         except Exception as e:
-            self.add(f"rejects/{kind}", "fail", self.case.all_rules,
-                     message=f"expected {expected.__name__} for {ERROR_INPUTS[kind]}, {_exception(e)}")
+            self.add(
+                f"rejects/{kind}",
+                "fail",
+                self.case.all_rules,
+                message=f"expected {expected.__name__} for {ERROR_INPUTS[kind]}, {_exception(e)}",
+            )
             return
-        self.add(f"rejects/{kind}", "fail", self.case.all_rules,
-                 message=f"expected {expected.__name__} for {ERROR_INPUTS[kind]}, but the call returned")
+        self.add(
+            f"rejects/{kind}",
+            "fail",
+            self.case.all_rules,
+            message=f"expected {expected.__name__} for {ERROR_INPUTS[kind]}, but the call returned",
+        )
 
     def run_exact(self, result):
         """MASK-5 / PREC-3: fully masked rows give weights exactly 0 and out exactly bo."""
@@ -251,15 +275,18 @@ class CaseRun:
         if w is not None:
             w = np.asarray(w).astype(np.float64)
             if not np.all(w[rows] == 0.0):
-                problems.append(f"weights of fully masked rows are not exactly 0 (max |w| {np.max(np.abs(w[rows])):.3g})")
+                problems.append(
+                    f"weights of fully masked rows are not exactly 0 (max |w| {np.max(np.abs(w[rows])):.3g})"
+                )
         all_heads = rows.all(axis=1)  # (B, Lq): the row is empty in every head
         if all_heads.any():
             bo = self.params.get("bo")
             expected = np.zeros(self.case.spec.model_dim) if bo is None else bo.astype(np.float64)
             out = np.asarray(result["out"]).astype(np.float64)[all_heads]
             if not np.array_equal(out, np.broadcast_to(expected, out.shape)):
-                problems.append(f"out of fully masked rows is not exactly bo (max |out - bo| "
-                                f"{np.max(np.abs(out - expected)):.3g})")
+                problems.append(
+                    f"out of fully masked rows is not exactly bo (max |out - bo| {np.max(np.abs(out - expected)):.3g})"
+                )
         self.add("fully-masked-rows", "fail" if problems else "pass", rules, message="; ".join(problems))
 
     def run_poison(self, clean):
@@ -282,8 +309,13 @@ class CaseRun:
                 continue
             same = all(np.array_equal(np.asarray(clean[k]), np.asarray(poisoned.get(k))) for k in clean)
             diff = float(np.max(np.abs(np.asarray(poisoned["out"], np.float64) - np.asarray(clean["out"], np.float64))))
-            self.add(check, "pass" if same else "fail", ("MASK-7", "PREC-3"), max_abs=None if same else diff,
-                     message="" if same else f"poisoned dead keys changed the result (max |diff| {diff:.3g})")
+            self.add(
+                check,
+                "pass" if same else "fail",
+                ("MASK-7", "PREC-3"),
+                max_abs=None if same else diff,
+                message="" if same else f"poisoned dead keys changed the result (max |diff| {diff:.3g})",
+            )
 
     def run_twins(self):
         for twin in self.case.twins:
@@ -304,13 +336,14 @@ class CaseRun:
         # gradients of clean inputs: GRAD-1..3 and the exact zeros of fully masked rows (MASK-5)
         rules = ("GRAD-1",) + tuple(r for r in self.case.all_rules if r.startswith(("GRAD-2", "GRAD-3", "MASK-5")))
         try:
-            grads = self.adapter.vjp(self.case.spec, self.params, with_explicit_kv(self.inputs), self.grad_out,
-                                     device=self.device)
+            grads = self.adapter.vjp(
+                self.case.spec, self.params, with_explicit_kv(self.inputs), self.grad_out, device=self.device
+            )
         except Exception as e:
             self.add("gradients", "fail", rules, message=_exception(e))
             return
         prefix = f"{self.dtype}/golden/grad/"
-        for name in sorted(n[len(prefix):] for n in self.tensors if n.startswith(prefix)):
+        for name in sorted(n[len(prefix) :] for n in self.tensors if n.startswith(prefix)):
             self.judge(f"grad/{name}", rules, grads.get(name), f"grad/{name}")
 
     def run_hooks(self):
@@ -321,8 +354,13 @@ class CaseRun:
                 back = roundtrip(spec, self.params)
                 exact = sorted(back) == sorted(self.params) and all(
                     np.asarray(back[n]).dtype == a.dtype and np.array_equal(np.asarray(back[n]), a)
-                    for n, a in self.params.items())
-                self.add("param-roundtrip", "pass" if exact else "fail", ("PARAM-3",),
-                         message="" if exact else "canonical -> module -> canonical is not exact")
+                    for n, a in self.params.items()
+                )
+                self.add(
+                    "param-roundtrip",
+                    "pass" if exact else "fail",
+                    ("PARAM-3",),
+                    message="" if exact else "canonical -> module -> canonical is not exact",
+                )
             except Exception as e:
                 self.add("param-roundtrip", "fail", ("PARAM-3",), message=_exception(e))

@@ -16,7 +16,7 @@ import tempfile
 from spec import SPEC_VERSION, rule_ids
 
 from . import report
-from .adapters import AdapterError, available_names, load_adapter, BUILTIN, entry_points
+from .adapters import BUILTIN, AdapterError, available_names, entry_points, load_adapter
 from .catalog import CASES
 from .store import GOLDEN_DIR, GoldenError
 
@@ -33,8 +33,9 @@ def _progress_bar(total: int, enabled: bool):
         from tqdm import tqdm
     except ImportError:  # the bar is a convenience; the run does not need it
         return None
-    bar = tqdm(total=total, unit="cell", disable=None if enabled else True, file=sys.stderr,
-               dynamic_ncols=True, leave=False)
+    bar = tqdm(
+        total=total, unit="cell", disable=None if enabled else True, file=sys.stderr, dynamic_ncols=True, leave=False
+    )
 
     def step(adapter, device, dtype, case_id):
         bar.set_description_str(f"{adapter} {device} {dtype}", refresh=False)
@@ -92,8 +93,7 @@ def cmd_run(args) -> int:
     finally:
         if progress is not None:
             progress.close()
-    print(f"attnspec {SPEC_VERSION} conformance: {len(plan.cases)} cases, "
-          f"{len(results)} checks")
+    print(f"attnspec {SPEC_VERSION} conformance: {len(plan.cases)} cases, {len(results)} checks")
     print(report.summary_table(results))
     if args.verbose:
         print(report.skip_reasons(results))
@@ -104,9 +104,11 @@ def cmd_run(args) -> int:
         for path in report.write_reports(results, report_dir):
             print(f"wrote {path}")
     n_fail = sum(r.failed for r in results)
-    print(f"{sum(r.status == 'pass' for r in results)} passed, {n_fail} failed, "
-          f"{sum(r.status == 'deviation' for r in results)} expected deviations, "
-          f"{sum(r.status == 'skip' for r in results)} skipped")
+    print(
+        f"{sum(r.status == 'pass' for r in results)} passed, {n_fail} failed, "
+        f"{sum(r.status == 'deviation' for r in results)} expected deviations, "
+        f"{sum(r.status == 'skip' for r in results)} skipped"
+    )
     return 1 if n_fail else 0
 
 
@@ -128,8 +130,10 @@ def cmd_list(args) -> int:
         except Exception as e:  # a broken outside adapter must not hide the others
             why, caps = f"cannot load ({e})", None
         if caps:
-            print(f"  {name:34s} available: {', '.join(caps.devices)}; {', '.join(caps.dtypes)}"
-                  f"{'' if caps.gradients else '; no gradients'}")
+            print(
+                f"  {name:34s} available: {', '.join(caps.devices)}; {', '.join(caps.dtypes)}"
+                f"{'' if caps.gradients else '; no gradients'}"
+            )
         else:
             print(f"  {name:34s} unavailable: {why}")
     return 0
@@ -159,12 +163,17 @@ def cmd_verify(args) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m conformance", description=f"attnspec {SPEC_VERSION} conformance harness")
+    p = argparse.ArgumentParser(
+        prog="python -m conformance", description=f"attnspec {SPEC_VERSION} conformance harness"
+    )
     p.add_argument("--goldens", default=str(GOLDEN_DIR), help="golden folder (default: the stored one)")
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the conformance matrix")
-    run.add_argument("--adapter", action="append", help="adapter name, mutant/NAME or module:Class (repeatable; "
-                     "default: every built-in and entry-point adapter)")
+    run.add_argument(
+        "--adapter",
+        action="append",
+        help="adapter name, mutant/NAME or module:Class (repeatable; default: every built-in and entry-point adapter)",
+    )
     run.add_argument("--device", action="append", help="cpu, cuda or gpu (repeatable; default: all present)")
     run.add_argument("--dtype", action="append", help="float64, float32, bfloat16, float16 (repeatable)")
     run.add_argument("--case", action="append", help="case id pattern (fnmatch or substring; repeatable)")
@@ -190,6 +199,8 @@ def main(argv=None) -> int:
         print(f"conformance: {e}", file=sys.stderr)
         return 2
     except ImportError as e:  # the stored goldens need safetensors and ml_dtypes
-        print(f"conformance: a package is missing ({e}); install it with pip install -e \".[conformance]\" "
-              "(or .[all])", file=sys.stderr)
+        print(
+            f'conformance: a package is missing ({e}); install it with pip install -e ".[conformance]" (or .[all])',
+            file=sys.stderr,
+        )
         return 2

@@ -23,8 +23,18 @@ from spec import SPEC_VERSION, AttentionSpec, scheme_from_json
 from . import naive, tolerance
 from .cases import Case
 from .catalog import CASES
-from .store import (FORMAT, GOLDEN_DIR, MANIFEST, GoldenError, case_file, describe, dump_manifest,
-                    load_case, load_manifest, save_case)
+from .store import (
+    FORMAT,
+    GOLDEN_DIR,
+    MANIFEST,
+    GoldenError,
+    case_file,
+    describe,
+    dump_manifest,
+    load_case,
+    load_manifest,
+    save_case,
+)
 
 DENSE_INPUTS = ("query", "key", "value", "bias")
 #: PREC-5: how far a recomputation on another machine may move, as noise of its
@@ -84,8 +94,9 @@ def call_inputs(case: Case, dense: dict, optional: dict, *, explicit_kv: bool) -
 
 def truth(case: Case, params64: dict, inputs64: dict, grad_out64):
     kw = {n: inputs64[n] for n in ("mask", "bias", "q_positions", "k_positions", "dropout_keep") if n in inputs64}
-    out, weights = numpy_ref.attention(case.spec, params64, inputs64["query"], inputs64.get("key"),
-                                       inputs64.get("value"), **kw, return_weights=True)
+    out, weights = numpy_ref.attention(
+        case.spec, params64, inputs64["query"], inputs64.get("key"), inputs64.get("value"), **kw, return_weights=True
+    )
     key = inputs64.get("key", inputs64["query"]).copy()  # SHAPE-2: key = query, value = key
     value = inputs64.get("value", key).copy()
     grads = numpy_ref.attention_vjp(case.spec, params64, inputs64["query"], key, value, grad_out64, **kw)
@@ -101,8 +112,9 @@ def exact_data(case: Case, master: dict) -> dict:
     qp = opt.get("q_positions", np.arange(Lq))
     kp = opt.get("k_positions", np.arange(Lk))
     delta = relative_distance(np.asarray(qp).reshape(-1, Lq), np.asarray(kp).reshape(-1, Lk))
-    allowed = allowed_keys((B, H, Lq, Lk), delta, causal=case.spec.causal, mask=opt.get("mask"),
-                           bias=master["dense"].get("bias"))
+    allowed = allowed_keys(
+        (B, H, Lq, Lk), delta, causal=case.spec.causal, mask=opt.get("mask"), bias=master["dense"].get("bias")
+    )
     return {"exact/fully_masked_rows": ~allowed.any(-1), "exact/dead_keys": dead_keys(allowed)}
 
 
@@ -126,8 +138,11 @@ def build_case(case: Case) -> tuple[dict, dict]:
         g64 = grad_out.astype(np.float64)
         inputs64 = call_inputs(case, d64, master["optional"], explicit_kv=False)
         out, weights, grads = truth(case, p64, inputs64, g64)
-        goldens = {"out": out, **({"weights": weights} if case.store_weights else {}),
-                   **{f"grad/{n}": g for n, g in grads.items()}}
+        goldens = {
+            "out": out,
+            **({"weights": weights} if case.store_weights else {}),
+            **{f"grad/{n}": g for n, g in grads.items()},
+        }
         tensors.update({f"{dtype}/golden/{n}": a for n, a in goldens.items()})
         errors = {n: 0.0 for n in goldens}
         emu_inputs = call_inputs(case, d64, master["optional"], explicit_kv=True)
@@ -137,8 +152,7 @@ def build_case(case: Case) -> tuple[dict, dict]:
             produced = {"out": n_out, "weights": n_w, **{f"grad/{n}": g for n, g in n_grads.items()}}
             for n in goldens:
                 errors[n] = max(errors[n], tolerance.max_error(produced[n], goldens[n]))
-        budgets[dtype] = {n: tolerance.budget(n, dtype, errors[n], tolerance.floor_scale(n, goldens))
-                           for n in goldens}
+        budgets[dtype] = {n: tolerance.budget(n, dtype, errors[n], tolerance.floor_scale(n, goldens)) for n in goldens}
     return tensors, budgets
 
 
@@ -152,8 +166,15 @@ def manifest_entry(case: Case, tensors: dict, budgets: dict) -> dict:
         "value_omitted": case.value_omitted,
         "dtypes": list(case.dtypes),
         "features": sorted(case.features()),
-        "twins": [{"name": t.name, "rules": list(t.rules), "inputs": t.inputs,
-                   "spec": None if t.spec is None else spec_to_json(t.spec)} for t in case.twins],
+        "twins": [
+            {
+                "name": t.name,
+                "rules": list(t.rules),
+                "inputs": t.inputs,
+                "spec": None if t.spec is None else spec_to_json(t.spec),
+            }
+            for t in case.twins
+        ],
         "expect_error": case.expect_error,
         "error_inputs": case.error_inputs,
         "seed": case.seed,
@@ -185,8 +206,13 @@ def generate(directory: pathlib.Path = GOLDEN_DIR, cases=CASES, progress=None) -
             entries[case.id] = manifest_entry(case, tensors, budgets)
             if progress:
                 progress(case.id)
-        manifest = {"format": FORMAT, "spec_version": SPEC_VERSION, "generator": generator_versions(),
-                    "tolerance": {"k": tolerance.K, "floor_ulps": tolerance.FLOOR_ULPS}, "cases": entries}
+        manifest = {
+            "format": FORMAT,
+            "spec_version": SPEC_VERSION,
+            "generator": generator_versions(),
+            "tolerance": {"k": tolerance.K, "floor_ulps": tolerance.FLOOR_ULPS},
+            "cases": entries,
+        }
         for old in directory.glob("*.safetensors"):
             old.unlink()
         for new in pathlib.Path(tmp).glob("*.safetensors"):
@@ -242,8 +268,20 @@ def verify(directory: pathlib.Path = GOLDEN_DIR, cases=CASES, progress=None, noi
             continue
         tensors, budgets = build_case(case)
         fresh = manifest_entry(case, tensors, budgets)
-        for key in ("file", "rules", "spec", "dims", "self_attention", "value_omitted", "dtypes", "features", "twins",
-                    "expect_error", "error_inputs", "seed"):
+        for key in (
+            "file",
+            "rules",
+            "spec",
+            "dims",
+            "self_attention",
+            "value_omitted",
+            "dtypes",
+            "features",
+            "twins",
+            "expect_error",
+            "error_inputs",
+            "seed",
+        ):
             if fresh[key] != entry[key]:
                 problems.append(f"{case.id}: {key} changed: stored {entry[key]!r}, catalog {fresh[key]!r}")
         if sorted(tensors) != sorted(stored):
@@ -257,7 +295,8 @@ def verify(directory: pathlib.Path = GOLDEN_DIR, cases=CASES, progress=None, noi
                 kind, change, bound = golden_change(a, b)
                 if kind != "same":
                     (problems if kind == "drift" else noise).append(
-                        f"{case.id}: {name} moved by {change:.3g} ({'>' if kind == 'drift' else '<='} {bound:.3g})")
+                        f"{case.id}: {name} moved by {change:.3g} ({'>' if kind == 'drift' else '<='} {bound:.3g})"
+                    )
             elif not np.array_equal(a, b, equal_nan=a.dtype.kind == "f"):
                 problems.append(f"{case.id}: input {name} changed")
         for dtype, outs in budgets.items():
@@ -267,7 +306,8 @@ def verify(directory: pathlib.Path = GOLDEN_DIR, cases=CASES, progress=None, noi
                 if kind != "same":
                     (problems if kind == "drift" else noise).append(
                         f"{case.id}: budget {dtype}/{out} moved from "
-                        f"{'nothing' if old is None else format(old['budget'], '.3g')} to {new['budget']:.3g}")
+                        f"{'nothing' if old is None else format(old['budget'], '.3g')} to {new['budget']:.3g}"
+                    )
         if progress:
             progress(case.id)
     return problems

@@ -127,8 +127,16 @@ class MaskAfterSoftmax(Mutant):
         # halving wo undoes the doubling (the output bias is unaffected).
         p = {**params, "wo": params["wo"] * 0.5}
         kw = {n: unmasked[n] for n in KWARGS if n in unmasked and n != "dropout_keep"}
-        out, w = numpy_ref.attention(replace(spec, dropout=0.5), p, unmasked["query"], unmasked.get("key"),
-                                     unmasked.get("value"), **kw, dropout_keep=keep.copy(), return_weights=True)
+        out, w = numpy_ref.attention(
+            replace(spec, dropout=0.5),
+            p,
+            unmasked["query"],
+            unmasked.get("key"),
+            unmasked.get("value"),
+            **kw,
+            dropout_keep=keep.copy(),
+            return_weights=True,
+        )
         return {"out": out, "weights": w * keep} if need_weights else {"out": out}
 
 
@@ -187,8 +195,7 @@ class CausalAlignmentFlipped(Mutant):
         if spec.causal:
             B, H, Lq, Lk = _defaults(spec, inputs)
             qp = inputs.get("q_positions")
-            inputs["q_positions"] = (np.arange(Lk - Lq, Lk) if qp is None
-                                     else np.asarray(qp) - (Lk - Lq))
+            inputs["q_positions"] = np.arange(Lk - Lq, Lk) if qp is None else np.asarray(qp) - (Lk - Lq)
         return inputs
 
 
@@ -203,14 +210,16 @@ class ShawValueTermNotDropped(Mutant):
             return super().forward(spec, params, inputs, device=device, need_weights=need_weights)
         kw = {n: inputs[n] for n in KWARGS if n in inputs}
         zero_rel_v = {**params, "rel_v": np.zeros_like(params["rel_v"])}
-        content, w = numpy_ref.attention(spec, zero_rel_v, inputs["query"], inputs.get("key"), inputs.get("value"),
-                                         **kw, return_weights=True)
+        content, w = numpy_ref.attention(
+            spec, zero_rel_v, inputs["query"], inputs.get("key"), inputs.get("value"), **kw, return_weights=True
+        )
         no_drop = {n: a for n, a in kw.items() if n != "dropout_keep"}
         zero_v = {**params, "wv": np.zeros_like(params["wv"])}
         if "bv" in zero_v:
             zero_v["bv"] = np.zeros_like(params["bv"])
-        relative = numpy_ref.attention(replace(spec, dropout=0.0), zero_v, inputs["query"], inputs.get("key"),
-                                       inputs.get("value"), **no_drop)
+        relative = numpy_ref.attention(
+            replace(spec, dropout=0.0), zero_v, inputs["query"], inputs.get("key"), inputs.get("value"), **no_drop
+        )
         out = content + relative - params.get("bo", 0.0)  # both terms carry bo once
         return {"out": out, "weights": w} if need_weights else {"out": out}
 
@@ -292,11 +301,27 @@ def _name(cls) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "-", cls.__name__).lower().replace("na-n", "nan")
 
 
-MUTANTS = {_name(c): c for c in (
-    WrongScale, RelativeSignFlipped, ShawClipOffByOne, RelativeKeyUnscaled, MaskPolarityInverted,
-    MaskAfterSoftmax, NaNOnFullyMaskedRows, FullyMaskedRowsAverage, HeadSplitInterleaved, BiasScaled,
-    CausalAlignmentFlipped, ShawValueTermNotDropped, HuangClipped, DeadKeysLeak, WeightsAfterDropout,
-    WeightsNotTransposed, ValueDefaultsToQuery,
-)}
+MUTANTS = {
+    _name(c): c
+    for c in (
+        WrongScale,
+        RelativeSignFlipped,
+        ShawClipOffByOne,
+        RelativeKeyUnscaled,
+        MaskPolarityInverted,
+        MaskAfterSoftmax,
+        NaNOnFullyMaskedRows,
+        FullyMaskedRowsAverage,
+        HeadSplitInterleaved,
+        BiasScaled,
+        CausalAlignmentFlipped,
+        ShawValueTermNotDropped,
+        HuangClipped,
+        DeadKeysLeak,
+        WeightsAfterDropout,
+        WeightsNotTransposed,
+        ValueDefaultsToQuery,
+    )
+}
 for _n, _c in MUTANTS.items():
     _c.name = f"mutant/{_n}"

@@ -31,21 +31,38 @@ def summary_rows(results: list) -> list:
     for (adapter, dtype, device), rs in groups.items():
         counts = {s: sum(r.status == s for r in rs) for s in STATUS_ORDER}
         margins = [r.margin for r in rs if r.status == "pass" and r.margin is not None]
-        rows.append({"adapter": adapter, "dtype": dtype, "device": device, **counts,
-                     "worst_margin": max(margins) if margins else None})
+        rows.append(
+            {
+                "adapter": adapter,
+                "dtype": dtype,
+                "device": device,
+                **counts,
+                "worst_margin": max(margins) if margins else None,
+            }
+        )
     return rows
 
 
 def summary_table(results: list) -> str:
     rows = summary_rows(results)
     header = ("adapter", "dtype", "device", "pass", "fail", "deviation", "skip", "worst margin")
-    lines = [[r["adapter"], r["dtype"], r["device"], str(r["pass"]), str(r["fail"] + r["unexpected-pass"]),
-              str(r["deviation"]), str(r["skip"]), "-" if r["worst_margin"] is None else f"{r['worst_margin']:.3f}"]
-             for r in rows]
-    widths = [max(len(h), *(len(l[i]) for l in lines)) if lines else len(h) for i, h in enumerate(header)]
+    lines = [
+        [
+            r["adapter"],
+            r["dtype"],
+            r["device"],
+            str(r["pass"]),
+            str(r["fail"] + r["unexpected-pass"]),
+            str(r["deviation"]),
+            str(r["skip"]),
+            "-" if r["worst_margin"] is None else f"{r['worst_margin']:.3f}",
+        ]
+        for r in rows
+    ]
+    widths = [max(len(h), *(len(row[i]) for row in lines)) if lines else len(h) for i, h in enumerate(header)]
     fmt = "  ".join(f"{{:<{w}}}" if i < 3 else f"{{:>{w}}}" for i, w in enumerate(widths))
     out = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
-    out += [fmt.format(*l) for l in lines]
+    out += [fmt.format(*row) for row in lines]
     return "\n".join(out)
 
 
@@ -68,8 +85,12 @@ def skip_reasons(results: list) -> str:
 def environment() -> dict:
     import numpy
 
-    return {"attnspec_spec_version": SPEC_VERSION, "python": platform.python_version(),
-            "platform": platform.platform(), "numpy": numpy.__version__}
+    return {
+        "attnspec_spec_version": SPEC_VERSION,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "numpy": numpy.__version__,
+    }
 
 
 def rule_matrix(results: list) -> tuple[list, dict]:
@@ -91,17 +112,24 @@ def markdown_matrix(results: list) -> str:
     symbol = {"pass": "pass", "fail": "**FAIL**", "deviation": "deviation", "skip": "skip", None: ""}
     head = "| rule | " + " | ".join(f"{a}<br>{dt}<br>{dev}" for a, dt, dev in columns) + " |"
     sep = "|---|" + "---|" * len(columns)
-    lines = [f"# attnspec {SPEC_VERSION} conformance matrix", "",
-             "Each cell: the worst status of the checks that exercise the rule (pass < deviation < FAIL);",
-             "skip: no case of that rule ran for the column. Deviations are listed in conformance/deviations.json.",
-             "", head, sep]
+    lines = [
+        f"# attnspec {SPEC_VERSION} conformance matrix",
+        "",
+        "Each cell: the worst status of the checks that exercise the rule (pass < deviation < FAIL);",
+        "skip: no case of that rule ran for the column. Deviations are listed in conformance/deviations.json.",
+        "",
+        head,
+        sep,
+    ]
     for rule in rule_ids():
         lines.append(f"| {rule} | " + " | ".join(symbol[cell.get((rule,) + c)] for c in columns) + " |")
     lines += ["", "## Claims (rule VER-2)", ""]
     for col in columns:
         passed = [rule for rule in rule_ids() if cell.get((rule,) + col) == "pass"]
-        lines.append(f"- {col[0]} ({col[1]}, {col[2]}): conforms to attnspec {SPEC_VERSION}, rules "
-                     f"{', '.join(passed) if passed else 'none'}")
+        lines.append(
+            f"- {col[0]} ({col[1]}, {col[2]}): conforms to attnspec {SPEC_VERSION}, rules "
+            f"{', '.join(passed) if passed else 'none'}"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -29,9 +29,13 @@ class Deviation:
 
     def matches(self, r: CheckResult) -> bool:
         cases = [self.case] if isinstance(self.case, str) else self.case
-        return (r.adapter == self.adapter and any(fnmatch.fnmatchcase(r.case, c) for c in cases)
-                and fnmatch.fnmatchcase(r.check, self.check) and fnmatch.fnmatchcase(r.dtype, self.dtype)
-                and fnmatch.fnmatchcase(r.device, self.device))
+        return (
+            r.adapter == self.adapter
+            and any(fnmatch.fnmatchcase(r.case, c) for c in cases)
+            and fnmatch.fnmatchcase(r.check, self.check)
+            and fnmatch.fnmatchcase(r.dtype, self.dtype)
+            and fnmatch.fnmatchcase(r.device, self.device)
+        )
 
 
 def load_deviations(path: pathlib.Path = DEVIATIONS_FILE) -> list:
@@ -63,9 +67,19 @@ def apply_deviations(results: list, deviations: list) -> None:
             r.status = "deviation"
             r.message = f"expected deviation {d.name}: {d.reason} ({r.message})"
         if not failing:
-            results.append(CheckResult(case, adapter, dtype, device, f"deviation/{d.name}", "unexpected-pass",
-                                       group[0].rules, message=f"expected deviation {d.name} no longer occurs "
-                                       f"({d.reason}); update conformance/deviations.json"))
+            results.append(
+                CheckResult(
+                    case,
+                    adapter,
+                    dtype,
+                    device,
+                    f"deviation/{d.name}",
+                    "unexpected-pass",
+                    group[0].rules,
+                    message=f"expected deviation {d.name} no longer occurs "
+                    f"({d.reason}); update conformance/deviations.json",
+                )
+            )
 
 
 @dataclass
@@ -86,8 +100,9 @@ def matrix(plan: Plan):
         caps = None if reason else adapter.capabilities()
         devices = plan.devices or (list(caps.devices) if caps else ["cpu"])
         if caps:
-            devices = [d if d in caps.devices or GPU_ALIASES.get(d) not in caps.devices else GPU_ALIASES[d]
-                       for d in devices]
+            devices = [
+                d if d in caps.devices or GPU_ALIASES.get(d) not in caps.devices else GPU_ALIASES[d] for d in devices
+            ]
         for device in devices:
             for case in plan.cases:
                 for dtype in case.dtypes:
@@ -108,8 +123,13 @@ def matrix(plan: Plan):
                     yield adapter, caps, device, dtype, case, skip
 
 
-def run(plan: Plan, *, directory: pathlib.Path = GOLDEN_DIR, deviations: Optional[list] = None,
-        progress: Optional[Callable] = None) -> list:
+def run(
+    plan: Plan,
+    *,
+    directory: pathlib.Path = GOLDEN_DIR,
+    deviations: Optional[list] = None,
+    progress: Optional[Callable] = None,
+) -> list:
     """Every check of the plan, with deviations applied."""
     manifest = load_manifest(directory)
     cells = list(matrix(plan))
@@ -123,8 +143,18 @@ def run(plan: Plan, *, directory: pathlib.Path = GOLDEN_DIR, deviations: Optiona
             results.append(CheckResult(case.id, adapter.name, dtype, device, "*", "skip", case.all_rules, message=skip))
             continue
         if case.id not in manifest["cases"]:
-            results.append(CheckResult(case.id, adapter.name, dtype, device, "*", "fail", case.all_rules,
-                                       message="case missing from the goldens; run `python -m conformance generate`"))
+            results.append(
+                CheckResult(
+                    case.id,
+                    adapter.name,
+                    dtype,
+                    device,
+                    "*",
+                    "fail",
+                    case.all_rules,
+                    message="case missing from the goldens; run `python -m conformance generate`",
+                )
+            )
             continue
         entry = manifest["cases"][case.id]
         if case.id not in loaded:

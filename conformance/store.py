@@ -43,8 +43,9 @@ def dtype_name(a: np.ndarray) -> str:
 
 
 def describe(tensors: dict) -> dict:
-    return {n: {"dtype": dtype_name(a), "shape": list(a.shape), "sha256": sha256(a)}
-            for n, a in sorted(tensors.items())}
+    return {
+        n: {"dtype": dtype_name(a), "shape": list(a.shape), "sha256": sha256(a)} for n, a in sorted(tensors.items())
+    }
 
 
 def dump_manifest(manifest: dict) -> str:
@@ -68,12 +69,12 @@ def load_manifest(directory: pathlib.Path = GOLDEN_DIR) -> dict:
 def save_case(directory: pathlib.Path, case_id: str, tensors: dict) -> None:
     from safetensors.numpy import save_file
 
-    save_file({n: np.ascontiguousarray(a) for n, a in tensors.items()},
-              str(pathlib.Path(directory) / case_file(case_id)))
+    save_file(
+        {n: np.ascontiguousarray(a) for n, a in tensors.items()}, str(pathlib.Path(directory) / case_file(case_id))
+    )
 
 
-def load_case(case_id: str, entry: dict, directory: pathlib.Path = GOLDEN_DIR,
-              names: Optional[list] = None) -> dict:
+def load_case(case_id: str, entry: dict, directory: pathlib.Path = GOLDEN_DIR, names: Optional[list] = None) -> dict:
     """The tensors of one case, each checked against its manifest sha256."""
     import ml_dtypes  # noqa: F401  (registers the bfloat16 dtype that the files use)
     from safetensors.numpy import load_file
@@ -87,11 +88,15 @@ def load_case(case_id: str, entry: dict, directory: pathlib.Path = GOLDEN_DIR,
         raise GoldenError(f"{case_id}: cannot read {path} ({e})") from None
     expected = entry["tensors"]
     if sorted(tensors) != sorted(expected):
-        raise GoldenError(f"{case_id}: {path.name} holds tensors {sorted(tensors)}, the manifest lists "
-                          f"{sorted(expected)}: the file was changed after generation")
+        raise GoldenError(
+            f"{case_id}: {path.name} holds tensors {sorted(tensors)}, the manifest lists "
+            f"{sorted(expected)}: the file was changed after generation"
+        )
     for name in names or expected:
         meta, a = expected[name], tensors[name]
         if dtype_name(a) != meta["dtype"] or list(a.shape) != meta["shape"] or sha256(a) != meta["sha256"]:
-            raise GoldenError(f"{case_id}: tensor {name!r} in {path.name} does not match its manifest sha256 "
-                              "(tampered or regenerated without the manifest); refusing to judge against it")
+            raise GoldenError(
+                f"{case_id}: tensor {name!r} in {path.name} does not match its manifest sha256 "
+                "(tampered or regenerated without the manifest); refusing to judge against it"
+            )
     return tensors

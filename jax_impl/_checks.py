@@ -31,11 +31,15 @@ def describe(name: str, x) -> Optional[ArrayInfo]:
     return ArrayInfo(tuple(x.shape), kind(x.dtype), np.dtype(x.dtype).name)
 
 
-def check(spec: AttentionSpec, params, query, key, value, mask, bias, q_positions, k_positions,
-          dropout_keep) -> Dims:
+def check(spec: AttentionSpec, params, query, key, value, mask, bias, q_positions, k_positions, dropout_keep) -> Dims:
     """INPUT-1 at ``jax_impl.attention``; raised while tracing, so jit reports it at once."""
     if np.dtype(query.dtype).name == "float64" and not jax.config.jax_enable_x64:
-        raise fail_type("query", "float64 only with jax_enable_x64 (jax.config.update('jax_enable_x64', True)); "
-                        "otherwise JAX would compute in float32", "dtype float64")
-    return check_arguments(spec, describe, params, query, key, value, mask, bias, q_positions, k_positions,
-                           dropout_keep)
+        raise fail_type(
+            "query",
+            "float64 only with jax_enable_x64 (jax.config.update('jax_enable_x64', True)); "
+            "otherwise JAX would compute in float32",
+            "dtype float64",
+        )
+    return check_arguments(
+        spec, describe, params, query, key, value, mask, bias, q_positions, k_positions, dropout_keep
+    )

@@ -26,9 +26,21 @@ from .heads import merge, project, split
 from .masking import allowed_keys, dead_keys, distance, positions
 
 
-def attention(spec: AttentionSpec, params: dict, query, key=None, value=None, *, mask=None, bias=None,
-              q_positions=None, k_positions=None, dropout_keep=None, return_weights: bool = False,
-              implementation=None):
+def attention(
+    spec: AttentionSpec,
+    params: dict,
+    query,
+    key=None,
+    value=None,
+    *,
+    mask=None,
+    bias=None,
+    q_positions=None,
+    k_positions=None,
+    dropout_keep=None,
+    return_weights: bool = False,
+    implementation=None,
+):
     """Multi-head attention (spec/attention.md) over jax arrays.
 
     Args:
@@ -51,9 +63,16 @@ def attention(spec: AttentionSpec, params: dict, query, key=None, value=None, *,
     B, Lq, Lk = _checks.check(spec, params, query, key, value, mask, bias, q_positions, k_positions, dropout_keep)
     if spec.relative is not None:
         schemes.module_for(spec.relative)  # REL-4: a scheme jax_impl does not implement is a ValueError
-    call = kernels.Call(B, Lq, Lk, default_positions=q_positions is None and k_positions is None,
-                        mask=mask is not None, bias=bias is not None, dropout_keep=dropout_keep is not None,
-                        return_weights=return_weights)
+    call = kernels.Call(
+        B,
+        Lq,
+        Lk,
+        default_positions=q_positions is None and k_positions is None,
+        mask=mask is not None,
+        bias=bias is not None,
+        dropout_keep=dropout_keep is not None,
+        return_weights=return_weights,
+    )
     kernel = kernels.resolve(implementation, spec, call)  # KERN-1
     key = query if key is None else key
     value = key if value is None else value

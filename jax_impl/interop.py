@@ -23,9 +23,16 @@ from spec import AttentionSpec
 from spec.validation import fail_value, require_plain_attention
 
 #: canonical projection name -> (attribute of nnx.MultiHeadAttention, parameter of its LinearGeneral)
-FLAX_SLOTS = {"wq": ("query", "kernel"), "wk": ("key", "kernel"), "wv": ("value", "kernel"),
-              "wo": ("out", "kernel"), "bq": ("query", "bias"), "bk": ("key", "bias"), "bv": ("value", "bias"),
-              "bo": ("out", "bias")}
+FLAX_SLOTS = {
+    "wq": ("query", "kernel"),
+    "wk": ("key", "kernel"),
+    "wv": ("value", "kernel"),
+    "wo": ("out", "kernel"),
+    "bq": ("query", "bias"),
+    "bk": ("key", "bias"),
+    "bv": ("value", "bias"),
+    "bo": ("out", "bias"),
+}
 
 
 def flax_layout(spec: AttentionSpec) -> dict:
@@ -54,13 +61,19 @@ def from_flax_mha(module: nnx.MultiHeadAttention):
         raise TypeError(f"module: expected a flax.nnx.MultiHeadAttention, got {type(module).__name__}")
     D = module.in_features
     if not (module.qkv_features == D and module.out_features == D):
-        raise fail_value("module", "in_features == qkv_features == out_features",
-                         f"{module.in_features}, {module.qkv_features}, {module.out_features}")
+        raise fail_value(
+            "module",
+            "in_features == qkv_features == out_features",
+            f"{module.in_features}, {module.qkv_features}, {module.out_features}",
+        )
     if module.normalize_qk or getattr(module, "num_kv_heads", module.num_heads) != module.num_heads:
         raise fail_value("module", "no normalize_qk and no grouped key/value heads", "a module that uses them")
     spec = AttentionSpec(num_heads=module.num_heads, head_dim=D // module.num_heads, bias=module.use_bias)
-    arrays = {n: np.array(getattr(getattr(module, attr), slot)[...]) for n, (attr, slot) in FLAX_SLOTS.items()
-              if n in flax_layout(spec)}
+    arrays = {
+        n: np.array(getattr(getattr(module, attr), slot)[...])
+        for n, (attr, slot) in FLAX_SLOTS.items()
+        if n in flax_layout(spec)
+    }
     return spec, from_flax_layout(spec, arrays)
 
 
@@ -68,10 +81,19 @@ def to_flax_mha(spec: AttentionSpec, params: dict, *, rngs: nnx.Rngs = None) -> 
     """An ``nnx.MultiHeadAttention`` (dtype of ``params``, full-precision matmuls) holding them exactly."""
     require_plain_attention(spec, "nnx.MultiHeadAttention")
     dtype = np.dtype(params["wq"].dtype)
-    m = nnx.MultiHeadAttention(num_heads=spec.num_heads, in_features=spec.model_dim, qkv_features=spec.model_dim,
-                               out_features=spec.model_dim, use_bias=spec.bias, dtype=dtype, param_dtype=dtype,
-                               dropout_rate=spec.dropout, decode=False, precision=jax.lax.Precision.HIGHEST,
-                               rngs=rngs or nnx.Rngs(0))
+    m = nnx.MultiHeadAttention(
+        num_heads=spec.num_heads,
+        in_features=spec.model_dim,
+        qkv_features=spec.model_dim,
+        out_features=spec.model_dim,
+        use_bias=spec.bias,
+        dtype=dtype,
+        param_dtype=dtype,
+        dropout_rate=spec.dropout,
+        decode=False,
+        precision=jax.lax.Precision.HIGHEST,
+        rngs=rngs or nnx.Rngs(0),
+    )
     for n, a in to_flax_layout(spec, {n: np.asarray(params[n]) for n in flax_layout(spec)}).items():
         attr, slot = FLAX_SLOTS[n]
         getattr(getattr(m, attr), slot).set_value(jnp.asarray(a))

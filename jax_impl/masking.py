@@ -98,4 +98,4 @@ def cut(x, q0: int, q1: int, k1: int):
     if x is None:
         return None
     x = as4d(x)
-    return x[..., q0:q1 if x.shape[2] > 1 else None, :k1 if x.shape[3] > 1 else None]
+    return x[..., q0 : q1 if x.shape[2] > 1 else None, : k1 if x.shape[3] > 1 else None]

@@ -22,8 +22,18 @@ from . import _checks, functional
 from .interop import flax_layout, from_flax_layout, to_flax_layout
 
 #: canonical parameter name -> the module's attribute holding it
-ATTRS = {"wq": "q_kernel", "wk": "k_kernel", "wv": "v_kernel", "wo": "out_kernel",
-         "bq": "q_bias", "bk": "k_bias", "bv": "v_bias", "bo": "out_bias", "rel_k": "rel_k", "rel_v": "rel_v"}
+ATTRS = {
+    "wq": "q_kernel",
+    "wk": "k_kernel",
+    "wv": "v_kernel",
+    "wo": "out_kernel",
+    "bq": "q_bias",
+    "bk": "k_bias",
+    "bv": "v_bias",
+    "bo": "out_bias",
+    "rel_k": "rel_k",
+    "rel_v": "rel_v",
+}
 
 
 class MultiHeadAttention(nnx.Module):
@@ -53,8 +63,9 @@ class MultiHeadAttention(nnx.Module):
         canonical = {n: init(rngs.params(), shapes[n], dtype) for n in ("wq", "wk", "wv", "wo")}
         if spec.bias:
             canonical.update({n: jnp.zeros(shapes[n], dtype) for n in ("bq", "bk", "bv", "bo")})
-        tables = {n: 0.02 * jax.random.normal(rngs.params(), shapes[n], dtype)
-                  for n in ("rel_k", "rel_v") if n in shapes}
+        tables = {
+            n: 0.02 * jax.random.normal(rngs.params(), shapes[n], dtype) for n in ("rel_k", "rel_v") if n in shapes
+        }
         for n, a in {**to_flax_layout(spec, canonical), **tables}.items():
             setattr(self, ATTRS[n], nnx.Param(a))
 
@@ -73,8 +84,11 @@ class MultiHeadAttention(nnx.Module):
         dtype = np.dtype(self.out_kernel[...].dtype)
         for a in params.values():
             if np.dtype(a.dtype) != dtype:
-                raise fail_type("params", f"arrays of the module's dtype {dtype.name} (cast them explicitly first)",
-                                f"dtype {np.dtype(a.dtype).name}")
+                raise fail_type(
+                    "params",
+                    f"arrays of the module's dtype {dtype.name} (cast them explicitly first)",
+                    f"dtype {np.dtype(a.dtype).name}",
+                )
         arrays = {n: jnp.asarray(a) for n, a in params.items()}
         tables = {n: a for n, a in arrays.items() if n in ("rel_k", "rel_v")}
         for n, a in {**to_flax_layout(self.spec, arrays), **tables}.items():
@@ -85,16 +99,39 @@ class MultiHeadAttention(nnx.Module):
         """The parameters in the canonical layout as NumPy arrays, exactly (PARAM-3)."""
         return {n: np.array(a, copy=True) for n, a in self.params().items()}
 
-    def __call__(self, query, key=None, value=None, *, mask=None, bias=None, q_positions=None,
-                 k_positions=None, dropout_keep=None, return_weights: bool = False, deterministic=None,
-                 implementation=None):
+    def __call__(
+        self,
+        query,
+        key=None,
+        value=None,
+        *,
+        mask=None,
+        bias=None,
+        q_positions=None,
+        k_positions=None,
+        dropout_keep=None,
+        return_weights: bool = False,
+        deterministic=None,
+        implementation=None,
+    ):
         deterministic = self.deterministic if deterministic is None else deterministic
         if dropout_keep is None and not deterministic and self.spec.dropout > 0:
             B, Lq, _ = query.shape
             Lk = (query if key is None else key).shape[1]
-            dropout_keep = jax.random.bernoulli(self.rngs.dropout(), 1.0 - self.spec.dropout,
-                                                (B, self.spec.num_heads, Lq, Lk))
-        return functional.attention(self.spec, self.params(), query, key, value, mask=mask, bias=bias,
-                                    q_positions=q_positions, k_positions=k_positions,
-                                    dropout_keep=dropout_keep, return_weights=return_weights,
-                                    implementation=implementation)
+            dropout_keep = jax.random.bernoulli(
+                self.rngs.dropout(), 1.0 - self.spec.dropout, (B, self.spec.num_heads, Lq, Lk)
+            )
+        return functional.attention(
+            self.spec,
+            self.params(),
+            query,
+            key,
+            value,
+            mask=mask,
+            bias=bias,
+            q_positions=q_positions,
+            k_positions=k_positions,
+            dropout_keep=dropout_keep,
+            return_weights=return_weights,
+            implementation=implementation,
+        )

@@ -10,5 +10,15 @@ from .schemes._tables import bucket_sums, gather_rows, rows_logits, rows_sum
 from .schemes.huang import distance_rows, huang_index, huang_skew_term, skew
 from .schemes.shaw import bucket_sums_banded, shaw_index
 
-__all__ = ["bucket_sums", "bucket_sums_banded", "distance_rows", "gather_rows", "huang_index", "huang_skew_term",
-           "rows_logits", "rows_sum", "shaw_index", "skew"]
+__all__ = [
+    "bucket_sums",
+    "bucket_sums_banded",
+    "distance_rows",
+    "gather_rows",
+    "huang_index",
+    "huang_skew_term",
+    "rows_logits",
+    "rows_sum",
+    "shaw_index",
+    "skew",
+]

@@ -62,16 +62,22 @@ def _positions(x, L: int) -> np.ndarray:
     return p[None, :] if p.ndim == 1 else p
 
 
-def prepare(spec: AttentionSpec, params, query, key, value, *, mask, bias,
-            q_positions, k_positions, dropout_keep) -> Call:
+def prepare(
+    spec: AttentionSpec, params, query, key, value, *, mask, bias, q_positions, k_positions, dropout_keep
+) -> Call:
     """Validate every argument (INPUT-1) and convert to the reference's types."""
     if not isinstance(params, dict):
         raise TypeError(f"params: expected a dict of arrays, got {type(params).__name__}")
     info = {n: describe(a) for n, a in params.items()}
     dims = check_call(
-        spec, describe(query), describe(key), describe(value),
-        mask=describe(mask), bias=describe(bias),
-        q_positions=describe(q_positions), k_positions=describe(k_positions),
+        spec,
+        describe(query),
+        describe(key),
+        describe(value),
+        mask=describe(mask),
+        bias=describe(bias),
+        q_positions=describe(q_positions),
+        k_positions=describe(k_positions),
         dropout_keep=describe(dropout_keep),
     )
     check_params(spec, info)
@@ -83,12 +89,15 @@ def prepare(spec: AttentionSpec, params, query, key, value, *, mask, bias,
         bad = np.isnan(bias64) | (bias64 == np.inf)
         if bad.any():
             at = tuple(int(i) for i in np.argwhere(bad)[0])
-            raise fail_value("bias", "finite values or -inf (which disallows a key) [BIAS-2]",
-                             f"{bias64[at]} at index {at}")
+            raise fail_value(
+                "bias", "finite values or -inf (which disallows a key) [BIAS-2]", f"{bias64[at]} at index {at}"
+            )
     return Call(
         dims=dims,
         params={n: as_f64(a) for n, a in params.items()},
-        query=as_f64(query), key=as_f64(key), value=as_f64(value),
+        query=as_f64(query),
+        key=as_f64(key),
+        value=as_f64(value),
         mask=None if mask is None else np.asarray(mask),
         bias=bias64,
         q_positions=_positions(q_positions, dims.Lq),

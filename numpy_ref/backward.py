@@ -98,8 +98,20 @@ def backward(spec: AttentionSpec, trace: Trace, grad_out: np.ndarray) -> dict:
     return grads
 
 
-def attention_vjp(spec: AttentionSpec, params: dict, query, key, value, grad_out, *, mask=None,
-                  bias=None, q_positions=None, k_positions=None, dropout_keep=None) -> dict:
+def attention_vjp(
+    spec: AttentionSpec,
+    params: dict,
+    query,
+    key,
+    value,
+    grad_out,
+    *,
+    mask=None,
+    bias=None,
+    q_positions=None,
+    k_positions=None,
+    dropout_keep=None,
+) -> dict:
     """Gradients of <attention(...), grad_out> in float64 (GRAD-1).
 
     Same arguments as ``attention``; ``key`` and ``value`` are required
@@ -113,10 +125,23 @@ def attention_vjp(spec: AttentionSpec, params: dict, query, key, value, grad_out
     """
     for name, x in (("key", key), ("value", value)):
         if x is None:
-            raise fail_value(name, "an array (attention_vjp has no self-attention default; pass "
-                             "the query again and add the gradients)", "None")
-    call = prepare(spec, params, query, key, value, mask=mask, bias=bias, q_positions=q_positions,
-                   k_positions=k_positions, dropout_keep=dropout_keep)
+            raise fail_value(
+                name,
+                "an array (attention_vjp has no self-attention default; pass the query again and add the gradients)",
+                "None",
+            )
+    call = prepare(
+        spec,
+        params,
+        query,
+        key,
+        value,
+        mask=mask,
+        bias=bias,
+        q_positions=q_positions,
+        k_positions=k_positions,
+        dropout_keep=dropout_keep,
+    )
     g = describe(grad_out)
     expected = (call.dims.B, call.dims.Lq, spec.model_dim)
     if g is None or g.kind != "float":

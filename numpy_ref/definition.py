@@ -25,12 +25,33 @@ def _dot(a, b) -> float:
     return math.fsum(float(x) * float(y) for x, y in zip(a, b))
 
 
-def attention(spec: AttentionSpec, params: dict, query, key=None, value=None, *, mask=None,
-              bias=None, q_positions=None, k_positions=None, dropout_keep=None,
-              return_weights: bool = False):
+def attention(
+    spec: AttentionSpec,
+    params: dict,
+    query,
+    key=None,
+    value=None,
+    *,
+    mask=None,
+    bias=None,
+    q_positions=None,
+    k_positions=None,
+    dropout_keep=None,
+    return_weights: bool = False,
+):
     """Same contract as ``numpy_ref.attention``, computed by loops; the scheme through its literal hooks (REL-3)."""
-    call = prepare(spec, params, query, key, value, mask=mask, bias=bias, q_positions=q_positions,
-                   k_positions=k_positions, dropout_keep=dropout_keep)
+    call = prepare(
+        spec,
+        params,
+        query,
+        key,
+        value,
+        mask=mask,
+        bias=bias,
+        q_positions=q_positions,
+        k_positions=k_positions,
+        dropout_keep=dropout_keep,
+    )
     hooks = schemes.bind(spec.relative, literal=True)
     p = call.params
     B, Lq, Lk = call.dims

@@ -112,9 +112,20 @@ def run(spec: AttentionSpec, call: Call) -> Trace:
     return Trace(call, hooks, ctx, q, k, v, dead, allowed, weights, dropped, merged, out, saved)
 
 
-def attention(spec: AttentionSpec, params: dict, query, key=None, value=None, *, mask=None,
-              bias=None, q_positions=None, k_positions=None, dropout_keep=None,
-              return_weights: bool = False):
+def attention(
+    spec: AttentionSpec,
+    params: dict,
+    query,
+    key=None,
+    value=None,
+    *,
+    mask=None,
+    bias=None,
+    q_positions=None,
+    k_positions=None,
+    dropout_keep=None,
+    return_weights: bool = False,
+):
     """Multi-head attention with optional relative positions, in float64.
 
     Args:
@@ -136,7 +147,17 @@ def attention(spec: AttentionSpec, params: dict, query, key=None, value=None, *,
     Returns:
       out [B, Lq, D] float64, or (out, weights).
     """
-    call = prepare(spec, params, query, key, value, mask=mask, bias=bias, q_positions=q_positions,
-                   k_positions=k_positions, dropout_keep=dropout_keep)
+    call = prepare(
+        spec,
+        params,
+        query,
+        key,
+        value,
+        mask=mask,
+        bias=bias,
+        q_positions=q_positions,
+        k_positions=k_positions,
+        dropout_keep=dropout_keep,
+    )
     trace = run(spec, call)
     return (trace.out, trace.weights) if return_weights else trace.out

@@ -15,8 +15,9 @@ def relative_distance(q_positions: np.ndarray, k_positions: np.ndarray) -> np.nd
     return k_positions[:, None, :] - q_positions[:, :, None]
 
 
-def allowed_keys(shape, delta: np.ndarray, *, causal: bool, mask: Optional[np.ndarray],
-                 bias: Optional[np.ndarray]) -> np.ndarray:
+def allowed_keys(
+    shape, delta: np.ndarray, *, causal: bool, mask: Optional[np.ndarray], bias: Optional[np.ndarray]
+) -> np.ndarray:
     """MASK-4: allowed[b, h, i, j] = mask AND (delta <= 0 if causal) AND bias != -inf.
 
     ``shape`` is (B, H, Lq, Lk); the result has exactly that shape.

@@ -123,9 +123,11 @@ def skew(r: np.ndarray, Lk: int) -> np.ndarray:
     r = np.ascontiguousarray(r)
     B, H, Lq, W = r.shape
     item = r.itemsize
-    base = r.reshape(B, H, Lq * W)[..., Lq - 1:]
+    base = r.reshape(B, H, Lq * W)[..., Lq - 1 :]
     return np.lib.stride_tricks.as_strided(
-        base, shape=(B, H, Lq, Lk), strides=(r.strides[0], r.strides[1], (W - 1) * item, item),
+        base,
+        shape=(B, H, Lq, Lk),
+        strides=(r.strides[0], r.strides[1], (W - 1) * item, item),
         writeable=False,
     )
 
@@ -140,7 +142,8 @@ def unskew(g: np.ndarray, W: int) -> np.ndarray:
     out = np.zeros((B, H, Lq, W))
     item = out.itemsize
     view = np.lib.stride_tricks.as_strided(
-        out.reshape(B, H, Lq * W)[..., Lq - 1:], shape=(B, H, Lq, Lk),
+        out.reshape(B, H, Lq * W)[..., Lq - 1 :],
+        shape=(B, H, Lq, Lk),
         strides=(out.strides[0], out.strides[1], (W - 1) * item, item),
     )
     view[...] = g

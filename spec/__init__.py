@@ -16,8 +16,20 @@ from .huang import Huang
 from .schemes import HOOKS, Scheme, register, scheme_classes, scheme_from_json, unregister
 from .shaw import Shaw
 
-__all__ = ["AttentionSpec", "Shaw", "Huang", "Scheme", "HOOKS", "register", "unregister", "scheme_classes", "scheme_from_json",
-           "profiles", "SPEC_VERSION", "rule_ids"]
+__all__ = [
+    "AttentionSpec",
+    "Shaw",
+    "Huang",
+    "Scheme",
+    "HOOKS",
+    "register",
+    "unregister",
+    "scheme_classes",
+    "scheme_from_json",
+    "profiles",
+    "SPEC_VERSION",
+    "rule_ids",
+]
 
 # A rule is declared in the text as a bold id at the start of a line: **MASK-5**
 _RULE_DECL = re.compile(r"^\*\*([A-Z]+-\d+)\*\*", re.MULTILINE)

@@ -106,7 +106,10 @@ class AttentionSpec:
         """The canonical parameter names and shapes [PARAM-1], in canonical order."""
         D, H, d = self.model_dim, self.num_heads, self.head_dim
         shapes: dict[str, tuple[int, ...]] = {
-            "wq": (D, D), "wk": (D, D), "wv": (D, D), "wo": (D, D),
+            "wq": (D, D),
+            "wk": (D, D),
+            "wv": (D, D),
+            "wo": (D, D),
         }
         if self.bias:
             shapes.update({"bq": (D,), "bk": (D,), "bv": (D,), "bo": (D,)})

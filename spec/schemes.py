@@ -63,8 +63,10 @@ def register(cls: type) -> type:
     if not (isinstance(cls, type) and issubclass(cls, Scheme) and dataclasses.is_dataclass(cls)):
         raise TypeError(f"register: expected a dataclass subclassing spec.Scheme, got {cls!r}")
     if not cls.name or not cls.rule_prefix:
-        raise ValueError(f"register: {cls.__name__} needs a name and a rule_prefix, got "
-                         f"name={cls.name!r}, rule_prefix={cls.rule_prefix!r}")
+        raise ValueError(
+            f"register: {cls.__name__} needs a name and a rule_prefix, got "
+            f"name={cls.name!r}, rule_prefix={cls.rule_prefix!r}"
+        )
     other = _REGISTRY.get(cls.name)
     if other is not None and other is not cls:
         raise ValueError(f"register: scheme name {cls.name!r} is taken by {other.__name__}")
@@ -75,8 +77,9 @@ def register(cls: type) -> type:
 def unregister(name: str) -> None:
     """Remove a scheme class from the registry (for outside schemes and tests; the built-in ones stay)."""
     if name not in _REGISTRY:
-        raise ValueError(f"unregister: expected a registered scheme name ({', '.join(sorted(_REGISTRY))}), "
-                         f"got {name!r}")
+        raise ValueError(
+            f"unregister: expected a registered scheme name ({', '.join(sorted(_REGISTRY))}), got {name!r}"
+        )
     del _REGISTRY[name]
 
 

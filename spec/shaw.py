@@ -28,9 +28,7 @@ class Shaw(Scheme):
     per_head: bool = False
 
     def __post_init__(self):
-        object.__setattr__(
-            self, "max_distance", require_int("Shaw", "max_distance", self.max_distance, 0)
-        )
+        object.__setattr__(self, "max_distance", require_int("Shaw", "max_distance", self.max_distance, 0))
         require_bool("Shaw", "keys", self.keys)
         require_bool("Shaw", "values", self.values)
         require_bool("Shaw", "per_head", self.per_head)

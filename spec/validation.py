@@ -16,8 +16,16 @@ from typing import NamedTuple, Optional
 
 from .core import AttentionSpec
 
-__all__ = ["ArrayInfo", "Dims", "check_call", "check_params", "check_arguments", "require_plain_attention",
-           "fail_value", "fail_type"]
+__all__ = [
+    "ArrayInfo",
+    "Dims",
+    "check_call",
+    "check_params",
+    "check_arguments",
+    "require_plain_attention",
+    "fail_value",
+    "fail_type",
+]
 
 #: dtype kinds an implementation reports: "float", "int", "bool", "complex" or "other".
 KINDS = ("float", "int", "bool", "complex", "other")
@@ -60,9 +68,7 @@ def _check_float(arg: str, info: ArrayInfo) -> None:
 def _check_broadcastable(arg: str, info: ArrayInfo, full: tuple) -> None:
     """MASK-1 / BIAS-1: rank 1..4, aligned from the right, each axis 1 or full size."""
     shape = tuple(info.shape)
-    ok = 1 <= len(shape) <= len(full) and all(
-        n == 1 or n == f for n, f in zip(shape[::-1], full[::-1])
-    )
+    ok = 1 <= len(shape) <= len(full) and all(n == 1 or n == f for n, f in zip(shape[::-1], full[::-1]))
     if not ok:
         raise fail_value(
             arg,
@@ -79,9 +85,7 @@ def _check_positions(arg: str, info: ArrayInfo, B: int, L: int, axis: str) -> No
         raise fail_type(arg, "an integer array of positions", f"dtype {info.dtype}")
     shape = tuple(info.shape)
     if shape not in ((L,), (B, L)):
-        raise fail_value(
-            arg, f"shape ({axis},) = {_shape((L,))} or (B, {axis}) = {_shape((B, L))}", _shape(shape)
-        )
+        raise fail_value(arg, f"shape ({axis},) = {_shape((L,))} or (B, {axis}) = {_shape((B, L))}", _shape(shape))
 
 
 def _check_device(arg: str, info: ArrayInfo, device: Optional[str]) -> None:
@@ -136,7 +140,8 @@ def check_call(
     if mask is not None:
         if mask.kind != "bool":
             raise fail_type(
-                "mask", "a boolean array (True = attend); for an additive float mask use bias=",
+                "mask",
+                "a boolean array (True = attend); for an additive float mask use bias=",
                 f"dtype {mask.dtype}",
             )
         _check_device("mask", mask, device)
@@ -156,7 +161,8 @@ def check_call(
     if dropout_keep is not None:
         if spec.dropout == 0.0:
             raise fail_value(
-                "dropout_keep", "None because spec.dropout == 0 (no dropout to apply)",
+                "dropout_keep",
+                "None because spec.dropout == 0 (no dropout to apply)",
                 f"an array of shape {_shape(dropout_keep.shape)}",
             )
         if dropout_keep.kind != "bool":
@@ -180,9 +186,7 @@ def check_params(spec: AttentionSpec, params: dict) -> None:
     if missing:
         raise fail_value("params", f"entries {list(expected)} for this spec", f"missing {missing}")
     if extra:
-        raise fail_value(
-            "params", f"entries {list(expected)} for this spec (no others)", f"unexpected {extra}"
-        )
+        raise fail_value("params", f"entries {list(expected)} for this spec (no others)", f"unexpected {extra}")
     for name, shape in expected.items():
         info = params[name]
         if info.kind != "float":
@@ -191,8 +195,9 @@ def check_params(spec: AttentionSpec, params: dict) -> None:
             raise fail_value(f"params[{name!r}]", f"shape {_shape(shape)}", _shape(info.shape))
 
 
-def check_arguments(spec: AttentionSpec, describe, params, query, key, value, mask, bias, q_positions,
-                    k_positions, dropout_keep) -> Dims:
+def check_arguments(
+    spec: AttentionSpec, describe, params, query, key, value, mask, bias, q_positions, k_positions, dropout_keep
+) -> Dims:
     """Every check of a framework implementation's entry point (INPUT-1, PARAM-2).
 
     ``describe(name, x)`` turns one framework array into an ``ArrayInfo`` (and
@@ -200,10 +205,16 @@ def check_arguments(spec: AttentionSpec, describe, params, query, key, value, ma
     ``check_call``: parameters must share the query's dtype and device.
     """
     dims = check_call(
-        spec, describe("query", query), describe("key", key), describe("value", value),
-        mask=describe("mask", mask), bias=describe("bias", bias),
-        q_positions=describe("q_positions", q_positions), k_positions=describe("k_positions", k_positions),
-        dropout_keep=describe("dropout_keep", dropout_keep), same_float_dtype=True,
+        spec,
+        describe("query", query),
+        describe("key", key),
+        describe("value", value),
+        mask=describe("mask", mask),
+        bias=describe("bias", bias),
+        q_positions=describe("q_positions", q_positions),
+        k_positions=describe("k_positions", k_positions),
+        dropout_keep=describe("dropout_keep", dropout_keep),
+        same_float_dtype=True,
     )
     if not isinstance(params, dict):
         raise TypeError(f"params: expected a dict of arrays, got {type(params).__name__}")
@@ -212,7 +223,9 @@ def check_arguments(spec: AttentionSpec, describe, params, query, key, value, ma
     q = describe("query", query)
     for n, info in infos.items():
         if info.dtype != q.dtype:
-            raise fail_type(f"params[{n!r}]", f"the query's dtype {q.dtype} (no implicit casting)", f"dtype {info.dtype}")
+            raise fail_type(
+                f"params[{n!r}]", f"the query's dtype {q.dtype} (no implicit casting)", f"dtype {info.dtype}"
+            )
         if q.device is not None and info.device is not None and info.device != q.device:
             raise fail_value(f"params[{n!r}]", f"a tensor on the query's device {q.device}", f"device {info.device}")
     return dims

@@ -31,7 +31,7 @@ class RandomCall:
 def broadcast_shape(rng, full):
     """A random shape broadcastable to ``full`` under MASK-1 (rank 1..4, axes 1 or full)."""
     rank = int(rng.integers(1, len(full) + 1))
-    return tuple(int(n) if rng.random() < 0.6 else 1 for n in full[len(full) - rank:])
+    return tuple(int(n) if rng.random() < 0.6 else 1 for n in full[len(full) - rank :])
 
 
 def positions(rng, B, L, contiguous):
@@ -49,22 +49,30 @@ def random_spec(rng) -> AttentionSpec:
     relative = None
     if kind == "shaw":
         keys = bool(rng.random() < 0.8)
-        relative = Shaw(int(rng.integers(0, 6)), keys=keys, values=(not keys) or bool(rng.random() < 0.7),
-                        per_head=bool(rng.random() < 0.5))
+        relative = Shaw(
+            int(rng.integers(0, 6)),
+            keys=keys,
+            values=(not keys) or bool(rng.random() < 0.7),
+            per_head=bool(rng.random() < 0.5),
+        )
     elif kind == "huang":
         relative = Huang(int(rng.integers(1, 6)), per_head=bool(rng.random() < 0.5))
     return AttentionSpec(
-        num_heads=H, head_dim=d, bias=bool(rng.random() < 0.7),
+        num_heads=H,
+        head_dim=d,
+        bias=bool(rng.random() < 0.7),
         scale=None if rng.random() < 0.6 else float(rng.uniform(0.1, 2.0)),
-        relative=relative, scale_relative=bool(rng.random() < 0.7),
+        relative=relative,
+        scale_relative=bool(rng.random() < 0.7),
         causal=bool(rng.random() < 0.4),
         mask_fill=None if rng.random() < 0.75 else float(rng.choice([-1e9, -30.0, -2.5])),
         dropout=0.0 if rng.random() < 0.7 else float(rng.uniform(0.05, 0.6)),
     )
 
 
-def random_call(seed: int, *, max_len: int = 4, spec: AttentionSpec | None = None,
-                cross: bool | None = None) -> RandomCall:
+def random_call(
+    seed: int, *, max_len: int = 4, spec: AttentionSpec | None = None, cross: bool | None = None
+) -> RandomCall:
     rng = np.random.default_rng(seed)
     spec = random_spec(rng) if spec is None else spec
     H, D = spec.num_heads, spec.model_dim

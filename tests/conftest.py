@@ -61,7 +61,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.section("conformance mutants: each must be killed by a check claiming its rule")
         for path in files:
             rule, killed_by = json.loads(path.read_text(encoding="utf-8"))
-            state = f"killed by {rule} in {len(killed_by):2d} checks" if killed_by else f"SURVIVED (no failing {rule} check)"
+            state = (
+                f"killed by {rule} in {len(killed_by):2d} checks"
+                if killed_by
+                else f"SURVIVED (no failing {rule} check)"
+            )
             first = f" (e.g. {killed_by[0][0]} [{killed_by[0][1]}])" if killed_by else ""
             terminalreporter.write_line(f"{path.stem:34s} {state}{first}")
     shutil.rmtree(folder, ignore_errors=True)

@@ -14,13 +14,33 @@ pytest.importorskip("matplotlib", reason="the plot needs matplotlib: pip install
 
 
 def test_benchmark_entry_point_writes_table_json_and_plot(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "benchmarks", "--lengths", "32", "--frameworks", "torch",
-                          "--quick", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks",
+            "--lengths",
+            "32",
+            "--frameworks",
+            "torch",
+            "--quick",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads((tmp_path / "results.json").read_text())
     impls = {(r["impl"], r["scheme"]) for r in result["records"]}
-    assert {("sdpa (anchor)", "vanilla"), ("torch_impl", "shaw"), ("torch_impl", "huang-causal"),
-            ("shaw seed (naive)", "shaw"), ("music seed (naive)", "huang")} <= impls
+    assert {
+        ("sdpa (anchor)", "vanilla"),
+        ("torch_impl", "shaw"),
+        ("torch_impl", "huang-causal"),
+        ("shaw seed (naive)", "shaw"),
+        ("music seed (naive)", "huang"),
+    } <= impls
     assert all(r["seconds"] > 0 and r["gflops"] > 0 for r in result["records"])
     assert {r["scheme"] for r in result["ratios"]} >= {"shaw", "huang", "huang-causal"}
     assert any(m["peak_mb"] is not None for m in result["memory"])

@@ -7,14 +7,13 @@ import sys
 
 import numpy as np
 import pytest
+from _random_calls import random_call
 
 import spec
 from conformance import catalog, generate, runner, store
 from conformance.adapters import load_adapter
 from conformance.adapters.numpy_ref_adapter import NumpyRefAdapter
 from conformance.mutants import MUTANTS, killed_by_rule
-
-from _random_calls import random_call
 
 
 def test_every_rule_has_a_case():
@@ -62,8 +61,8 @@ def test_tampered_golden_is_refused(tmp_path):
     shutil.copytree(store.GOLDEN_DIR, tmp_path / "g")
     case = catalog.BY_ID["vanilla/self/basic"]
     path = tmp_path / "g" / store.case_file(case.id)
-    from safetensors.numpy import load_file, save_file
     import ml_dtypes  # noqa: F401
+    from safetensors.numpy import load_file, save_file
 
     tensors = load_file(str(path))
     tensors["float64/golden/out"] = tensors["float64/golden/out"] + 1e-12
@@ -71,8 +70,23 @@ def test_tampered_golden_is_refused(tmp_path):
     entry = store.load_manifest(tmp_path / "g")["cases"][case.id]
     with pytest.raises(store.GoldenError, match="does not match its manifest sha256"):
         store.load_case(case.id, entry, tmp_path / "g")
-    out = subprocess.run([sys.executable, "-m", "conformance", "--goldens", str(tmp_path / "g"), "run",
-                          "--adapter", "numpy", "--case", case.id, "--no-progress"], capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "conformance",
+            "--goldens",
+            str(tmp_path / "g"),
+            "run",
+            "--adapter",
+            "numpy",
+            "--case",
+            case.id,
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 2 and "refusing to judge against it" in out.stderr
     assert "Traceback" not in out.stderr
 
@@ -177,9 +191,11 @@ def test_mutant_is_killed_by_its_rule(name):
     from conftest import record_kill
 
     record_kill(name, mutant.rule, killed_by)
-    assert killed_by, (f"mutant {name} ({mutant.description}) passed every check claiming {mutant.rule}: "
-                       f"the harness is broken (other failing checks: "
-                       f"{sorted({(r.case, r.check) for r in results if r.failed})[:5]})")
+    assert killed_by, (
+        f"mutant {name} ({mutant.description}) passed every check claiming {mutant.rule}: "
+        f"the harness is broken (other failing checks: "
+        f"{sorted({(r.case, r.check) for r in results if r.failed})[:5]})"
+    )
 
 
 def test_there_are_at_least_twelve_mutants():
@@ -189,16 +205,20 @@ def test_there_are_at_least_twelve_mutants():
 
 def test_deviation_that_stops_failing_is_reported():
     fake = runner.Deviation(adapter="numpy", case="vanilla/self/basic", check="out", reason="pretend", name="fake")
-    results = runner.run(runner.Plan([NumpyRefAdapter()], cases=[catalog.BY_ID["vanilla/self/basic"]],
-                                     dtypes=["float64"]), deviations=[fake])
+    results = runner.run(
+        runner.Plan([NumpyRefAdapter()], cases=[catalog.BY_ID["vanilla/self/basic"]], dtypes=["float64"]),
+        deviations=[fake],
+    )
     bad = [r for r in results if r.status == "unexpected-pass"]
     assert len(bad) == 1 and "fake no longer occurs" in bad[0].message
 
 
 def test_deviation_marks_a_real_failure_as_expected():
     fake = runner.Deviation(adapter="mutant/wrong-scale", case="vanilla/self/basic", check="*", reason="r", name="x")
-    results = runner.run(runner.Plan([MUTANTS["wrong-scale"]()], cases=[catalog.BY_ID["vanilla/self/basic"]],
-                                     dtypes=["float64"]), deviations=[fake])
+    results = runner.run(
+        runner.Plan([MUTANTS["wrong-scale"]()], cases=[catalog.BY_ID["vanilla/self/basic"]], dtypes=["float64"]),
+        deviations=[fake],
+    )
     assert {r.status for r in results} <= {"deviation", "pass"} and any(r.status == "deviation" for r in results)
 
 
@@ -206,14 +226,26 @@ def cli(*args):
     return subprocess.run([sys.executable, "-m", "conformance", *args], capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.parametrize("args,message", [
-    (["run", "--adapter", "nope"], "conformance: unknown adapter 'nope': expected one of numpy"),
-    (["run", "--adapter", "no_such_module:Cls"], "conformance: adapter 'no_such_module:Cls': cannot import no_such_module"),
-    (["run", "--dtype", "float8"], "conformance: --dtype float8: expected one of float64, float32, bfloat16, float16"),
-    (["run", "--device", "tpu"], "conformance: --device tpu: expected one of cpu, cuda, gpu"),
-    (["run", "--case", "no/such/case"], "conformance: --case no/such/case: matches no case"),
-    (["run", "--report", "/proc/attnspec-report"], "conformance: --report /proc/attnspec-report: cannot write there"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["run", "--adapter", "nope"], "conformance: unknown adapter 'nope': expected one of numpy"),
+        (
+            ["run", "--adapter", "no_such_module:Cls"],
+            "conformance: adapter 'no_such_module:Cls': cannot import no_such_module",
+        ),
+        (
+            ["run", "--dtype", "float8"],
+            "conformance: --dtype float8: expected one of float64, float32, bfloat16, float16",
+        ),
+        (["run", "--device", "tpu"], "conformance: --device tpu: expected one of cpu, cuda, gpu"),
+        (["run", "--case", "no/such/case"], "conformance: --case no/such/case: matches no case"),
+        (
+            ["run", "--report", "/proc/attnspec-report"],
+            "conformance: --report /proc/attnspec-report: cannot write there",
+        ),
+    ],
+)
 def test_cli_usage_errors_are_one_line(args, message):
     out = cli(*args)
     assert out.returncode == 2
@@ -226,9 +258,11 @@ def test_cli_run_writes_reports(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "numpy" in out.stdout and "worst margin" in out.stdout
     assert out.stdout.strip().splitlines()[-1].endswith("skipped") and " 0 failed" in out.stdout
-    records = [json.loads(l) for l in (tmp_path / "results.jsonl").read_text().splitlines()]
-    assert records and all({"case", "check", "status", "max_abs", "max_rel", "budget", "margin", "where",
-                            "environment", "rules"} <= set(r) for r in records)
+    records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert records and all(
+        {"case", "check", "status", "max_abs", "max_rel", "budget", "margin", "where", "environment", "rules"} <= set(r)
+        for r in records
+    )
     assert all(r["environment"]["attnspec_spec_version"] == spec.SPEC_VERSION for r in records)
     matrix = (tmp_path / "matrix.md").read_text()
     assert "| SHAW-2 |" in matrix and "conforms to attnspec" in matrix
@@ -271,8 +305,9 @@ def test_outside_adapter_by_entry_point(monkeypatch):
     """An adapter registered in the attnspec.adapters entry-point group is found by name."""
     import conformance.adapters as registry
 
-    monkeypatch.setattr(registry, "entry_points",
-                        lambda: {"my-port": "conformance.adapters.numpy_ref_adapter:NumpyRefAdapter"})
+    monkeypatch.setattr(
+        registry, "entry_points", lambda: {"my-port": "conformance.adapters.numpy_ref_adapter:NumpyRefAdapter"}
+    )
     assert registry.load_adapter("my-port").name == "numpy"
     assert "my-port" in registry.available_names()
 

@@ -55,7 +55,14 @@ def test_jax_automatic_choice_is_the_tiles_kernel():
             continue
         f = case.features()
         for weights in (False, True):
-            call = kernels.Call(case.dims.B, case.dims.Lq, case.dims.Lk, default_positions="positions" not in f,
-                                mask="mask" in f, bias="bias" in f, dropout_keep="dropout-keep" in f,
-                                return_weights=weights)
+            call = kernels.Call(
+                case.dims.B,
+                case.dims.Lq,
+                case.dims.Lk,
+                default_positions="positions" not in f,
+                mask="mask" in f,
+                bias="bias" in f,
+                dropout_keep="dropout-keep" in f,
+                return_weights=weights,
+            )
             assert kernels.resolve(None, case.spec, call) == kernels.resolve("tiles", case.spec, call), case.id

@@ -33,32 +33,92 @@ def call(args, spec=SPEC, entry=numpy_ref.attention, **kw):
 BAD_CALLS = [
     # (argument overrides, exception, message pattern)
     ({"query": np.zeros((LQ, D))}, ValueError, "query: expected shape (B, Lq, D) with D = model_dim = 4, got (3, 4)"),
-    ({"query": np.zeros((B, LQ, 5))}, ValueError, "query: expected shape (B, Lq, D) with D = model_dim = 4, got (2, 3, 5)"),
-    ({"query": np.zeros((B, LQ, D), dtype=np.int64)}, TypeError, "query: expected a floating-point array, got dtype int64"),
-    ({"query": np.zeros((B, LQ, D), dtype=np.complex128)}, TypeError, "query: expected a floating-point array, got dtype complex128"),
-    ({"key": np.zeros((3, LK, D))}, ValueError, "key: expected shape (B, Lk, D) with B = 2, D = 4, Lk >= 1, got (3, 5, 4)"),
+    (
+        {"query": np.zeros((B, LQ, 5))},
+        ValueError,
+        "query: expected shape (B, Lq, D) with D = model_dim = 4, got (2, 3, 5)",
+    ),
+    (
+        {"query": np.zeros((B, LQ, D), dtype=np.int64)},
+        TypeError,
+        "query: expected a floating-point array, got dtype int64",
+    ),
+    (
+        {"query": np.zeros((B, LQ, D), dtype=np.complex128)},
+        TypeError,
+        "query: expected a floating-point array, got dtype complex128",
+    ),
+    (
+        {"key": np.zeros((3, LK, D))},
+        ValueError,
+        "key: expected shape (B, Lk, D) with B = 2, D = 4, Lk >= 1, got (3, 5, 4)",
+    ),
     ({"key": np.zeros((B, LK, D), dtype=bool)}, TypeError, "key: expected a floating-point array, got dtype bool"),
-    ({"value": np.zeros((B, LK + 1, D))}, ValueError, "value: expected shape (B, Lk, D) = (2, 5, 4) (the key's), got (2, 6, 4)"),
-    ({"mask": np.ones((LQ, LK), dtype=np.int64)}, TypeError, "mask: expected a boolean array (True = attend); for an additive float mask use bias=, got dtype int64"),
+    (
+        {"value": np.zeros((B, LK + 1, D))},
+        ValueError,
+        "value: expected shape (B, Lk, D) = (2, 5, 4) (the key's), got (2, 6, 4)",
+    ),
+    (
+        {"mask": np.ones((LQ, LK), dtype=np.int64)},
+        TypeError,
+        "mask: expected a boolean array (True = attend); for an additive float mask use bias=, got dtype int64",
+    ),
     ({"mask": np.ones((LQ, LK))}, TypeError, "mask: expected a boolean array (True = attend)"),
-    ({"mask": np.ones((B, LK), dtype=bool)}, ValueError, "mask: expected a shape broadcastable to (B, H, Lq, Lk) = (2, 2, 3, 5) (rank 1 to 4, aligned from the right, each axis 1 or the full size; a key-padding mask is (B, 1, 1, Lk)), got (2, 5)"),
-    ({"mask": np.ones((1, B, 2, LQ, LK), dtype=bool)}, ValueError, "mask: expected a shape broadcastable to (B, H, Lq, Lk) = (2, 2, 3, 5)"),
+    (
+        {"mask": np.ones((B, LK), dtype=bool)},
+        ValueError,
+        "mask: expected a shape broadcastable to (B, H, Lq, Lk) = (2, 2, 3, 5) (rank 1 to 4, aligned from the right, each axis 1 or the full size; a key-padding mask is (B, 1, 1, Lk)), got (2, 5)",
+    ),
+    (
+        {"mask": np.ones((1, B, 2, LQ, LK), dtype=bool)},
+        ValueError,
+        "mask: expected a shape broadcastable to (B, H, Lq, Lk) = (2, 2, 3, 5)",
+    ),
     ({"mask": np.ones((), dtype=bool)}, ValueError, "mask: expected a shape broadcastable"),
     ({"bias": np.zeros((LQ, LK), dtype=np.int32)}, TypeError, "bias: expected a floating-point array, got dtype int32"),
     ({"bias": np.zeros((LQ, 4))}, ValueError, "bias: expected a shape broadcastable to (B, H, Lq, Lk) = (2, 2, 3, 5)"),
-    ({"bias": np.full((LQ, LK), np.nan)}, ValueError, "bias: expected finite values or -inf (which disallows a key) [BIAS-2], got nan at index (0, 0)"),
+    (
+        {"bias": np.full((LQ, LK), np.nan)},
+        ValueError,
+        "bias: expected finite values or -inf (which disallows a key) [BIAS-2], got nan at index (0, 0)",
+    ),
     ({"bias": np.full((LQ, LK), np.inf)}, ValueError, "bias: expected finite values or -inf"),
-    ({"q_positions": np.arange(LQ, dtype=float)}, TypeError, "q_positions: expected an integer array of positions, got dtype float64"),
-    ({"q_positions": np.arange(LQ + 1)}, ValueError, "q_positions: expected shape (Lq,) = (3,) or (B, Lq) = (2, 3), got (4,)"),
-    ({"k_positions": np.zeros((3, LK), dtype=int)}, ValueError, "k_positions: expected shape (Lk,) = (5,) or (B, Lk) = (2, 5), got (3, 5)"),
-    ({"k_positions": np.ones(LK, dtype=bool)}, TypeError, "k_positions: expected an integer array of positions, got dtype bool"),
-    ({"dropout_keep": np.ones((B, 2, LQ, LK), dtype=bool)}, ValueError, "dropout_keep: expected None because spec.dropout == 0 (no dropout to apply), got an array of shape (2, 2, 3, 5)"),
+    (
+        {"q_positions": np.arange(LQ, dtype=float)},
+        TypeError,
+        "q_positions: expected an integer array of positions, got dtype float64",
+    ),
+    (
+        {"q_positions": np.arange(LQ + 1)},
+        ValueError,
+        "q_positions: expected shape (Lq,) = (3,) or (B, Lq) = (2, 3), got (4,)",
+    ),
+    (
+        {"k_positions": np.zeros((3, LK), dtype=int)},
+        ValueError,
+        "k_positions: expected shape (Lk,) = (5,) or (B, Lk) = (2, 5), got (3, 5)",
+    ),
+    (
+        {"k_positions": np.ones(LK, dtype=bool)},
+        TypeError,
+        "k_positions: expected an integer array of positions, got dtype bool",
+    ),
+    (
+        {"dropout_keep": np.ones((B, 2, LQ, LK), dtype=bool)},
+        ValueError,
+        "dropout_keep: expected None because spec.dropout == 0 (no dropout to apply), got an array of shape (2, 2, 3, 5)",
+    ),
     ({"params": "wq"}, TypeError, "params: expected a dict of arrays, got str"),
 ]
 
 
-@pytest.mark.parametrize("overrides,exc,message", BAD_CALLS, ids=[m.split(":")[0] + "-" + str(i) for i, (_, _, m) in enumerate(BAD_CALLS)])
-@pytest.mark.parametrize("entry", [numpy_ref.attention, numpy_ref.definition.attention], ids=["attention", "definition"])
+@pytest.mark.parametrize(
+    "overrides,exc,message", BAD_CALLS, ids=[m.split(":")[0] + "-" + str(i) for i, (_, _, m) in enumerate(BAD_CALLS)]
+)
+@pytest.mark.parametrize(
+    "entry", [numpy_ref.attention, numpy_ref.definition.attention], ids=["attention", "definition"]
+)
 def test_bad_arguments(args, entry, overrides, exc, message):
     with pytest.raises(exc, match=re.escape(message)):
         call(args, entry=entry, **overrides)
@@ -66,19 +126,42 @@ def test_bad_arguments(args, entry, overrides, exc, message):
 
 def test_bad_dropout_keep(args):
     spec = AttentionSpec(2, 2, relative=Shaw(1), dropout=0.5)
-    with pytest.raises(TypeError, match=re.escape("dropout_keep: expected a boolean keep mask (True = keep), got dtype float64")):
+    with pytest.raises(
+        TypeError, match=re.escape("dropout_keep: expected a boolean keep mask (True = keep), got dtype float64")
+    ):
         call(args, spec=spec, dropout_keep=np.ones((B, 2, LQ, LK)))
-    with pytest.raises(ValueError, match=re.escape("dropout_keep: expected shape (B, H, Lq, Lk) = (2, 2, 3, 5), got (1, 2, 3, 5)")):
+    with pytest.raises(
+        ValueError, match=re.escape("dropout_keep: expected shape (B, H, Lq, Lk) = (2, 2, 3, 5), got (1, 2, 3, 5)")
+    ):
         call(args, spec=spec, dropout_keep=np.ones((1, 2, LQ, LK), dtype=bool))
 
 
-@pytest.mark.parametrize("mutate,exc,message", [
-    (lambda p: p.pop("rel_v"), ValueError, "params: expected entries ['wq', 'wk', 'wv', 'wo', 'bq', 'bk', 'bv', 'bo', 'rel_k', 'rel_v'] for this spec, got missing ['rel_v']"),
-    (lambda p: p.update(rel_x=np.zeros(3)), ValueError, "params: expected entries ['wq', 'wk', 'wv', 'wo', 'bq', 'bk', 'bv', 'bo', 'rel_k', 'rel_v'] for this spec (no others), got unexpected ['rel_x']"),
-    (lambda p: p.update(wq=np.zeros((4, 5))), ValueError, "params['wq']: expected shape (4, 4), got (4, 5)"),
-    (lambda p: p.update(rel_k=np.zeros((2, 3, 2))), ValueError, "params['rel_k']: expected shape (3, 2), got (2, 3, 2)"),
-    (lambda p: p.update(bo=np.zeros(4, dtype=np.int8)), TypeError, "params['bo']: expected a floating-point array, got dtype int8"),
-])
+@pytest.mark.parametrize(
+    "mutate,exc,message",
+    [
+        (
+            lambda p: p.pop("rel_v"),
+            ValueError,
+            "params: expected entries ['wq', 'wk', 'wv', 'wo', 'bq', 'bk', 'bv', 'bo', 'rel_k', 'rel_v'] for this spec, got missing ['rel_v']",
+        ),
+        (
+            lambda p: p.update(rel_x=np.zeros(3)),
+            ValueError,
+            "params: expected entries ['wq', 'wk', 'wv', 'wo', 'bq', 'bk', 'bv', 'bo', 'rel_k', 'rel_v'] for this spec (no others), got unexpected ['rel_x']",
+        ),
+        (lambda p: p.update(wq=np.zeros((4, 5))), ValueError, "params['wq']: expected shape (4, 4), got (4, 5)"),
+        (
+            lambda p: p.update(rel_k=np.zeros((2, 3, 2))),
+            ValueError,
+            "params['rel_k']: expected shape (3, 2), got (2, 3, 2)",
+        ),
+        (
+            lambda p: p.update(bo=np.zeros(4, dtype=np.int8)),
+            TypeError,
+            "params['bo']: expected a floating-point array, got dtype int8",
+        ),
+    ],
+)
 def test_bad_params(args, mutate, exc, message):
     mutate(args["params"])
     with pytest.raises(exc, match=re.escape(message)):
@@ -92,7 +175,12 @@ def test_spec_must_be_an_attention_spec(args):
 
 def test_vjp_needs_key_value_and_a_matching_grad_out(args):
     g = np.zeros((B, LQ, D))
-    with pytest.raises(ValueError, match=re.escape("key: expected an array (attention_vjp has no self-attention default; pass the query again and add the gradients), got None")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "key: expected an array (attention_vjp has no self-attention default; pass the query again and add the gradients), got None"
+        ),
+    ):
         numpy_ref.attention_vjp(SPEC, args["params"], args["query"], None, args["value"], g)
     with pytest.raises(ValueError, match=re.escape("grad_out: expected shape (B, Lq, D) = (2, 3, 4), got (2, 5, 4)")):
         call(args, entry=numpy_ref.attention_vjp, grad_out=np.zeros((B, LK, D)))
@@ -110,29 +198,80 @@ def test_init_params_seed_must_be_an_int():
         numpy_ref.init_params(SPEC, seed=1.5)
 
 
-@pytest.mark.parametrize("make,exc,message", [
-    (lambda: AttentionSpec(0, 2), ValueError, "AttentionSpec.num_heads: expected an int >= 1, got 0"),
-    (lambda: AttentionSpec(2.0, 2), TypeError, "AttentionSpec.num_heads: expected an int >= 1, got 2.0 of type float"),
-    (lambda: AttentionSpec(2, True), TypeError, "AttentionSpec.head_dim: expected an int >= 1, got True of type bool"),
-    (lambda: AttentionSpec(2, 2, bias=1), TypeError, "AttentionSpec.bias: expected a bool, got 1 of type int"),
-    (lambda: AttentionSpec(2, 2, scale=-1.0), ValueError, "AttentionSpec.scale: expected a finite number > 0 or None, got -1.0"),
-    (lambda: AttentionSpec(2, 2, scale=float("nan")), ValueError, "AttentionSpec.scale: expected a finite number > 0 or None, got nan"),
-    (lambda: AttentionSpec(2, 2, scale="0.5"), TypeError, "AttentionSpec.scale: expected a real number, got '0.5' of type str"),
-    (lambda: AttentionSpec(2, 2, relative="shaw"), TypeError, "AttentionSpec.relative: expected None or a registered scheme (Huang(...), Shaw(...)), got 'shaw' of type str"),
-    (lambda: AttentionSpec(2, 2, causal=None), TypeError, "AttentionSpec.causal: expected a bool, got None of type NoneType"),
-    (lambda: AttentionSpec(2, 2, mask_fill=float("-inf")), ValueError, "AttentionSpec.mask_fill: expected a finite float or None (None gives disallowed keys weight exactly 0), got -inf"),
-    (lambda: AttentionSpec(2, 2, dropout=1.0), ValueError, "AttentionSpec.dropout: expected a probability in [0, 1), got 1.0"),
-    (lambda: AttentionSpec(2, 2, dropout=-0.1), ValueError, "AttentionSpec.dropout: expected a probability in [0, 1), got -0.1"),
-    (lambda: Shaw(-1), ValueError, "Shaw.max_distance: expected an int >= 0, got -1"),
-    (lambda: Shaw(2, keys=False, values=False), ValueError, "Shaw: expected keys=True or values=True"),
-    (lambda: Shaw(2, per_head="yes"), TypeError, "Shaw.per_head: expected a bool, got 'yes' of type str"),
-    (lambda: Huang(0), ValueError, "Huang.max_len: expected an int >= 1, got 0"),
-    (lambda: profiles.einsum_selfattention(10, 3), ValueError, "embed_size: expected a multiple of heads = 3, got 10"),
-    (lambda: profiles.shaw_rpe(12, 0), ValueError, "n_heads: expected an int >= 1, got 0"),
-    (lambda: profiles.shaw_rpe(12, 2, max_relative_position=-1), ValueError, "max_relative_position: expected an int >= 0, got -1"),
-    (lambda: profiles.music_relative(12, 2, seq_len=0), ValueError, "seq_len: expected an int >= 1, got 0"),
-    (lambda: profiles.tutorial_mha(4.0, 2), ValueError, "feature_dim: expected an int >= 1, got 4.0"),
-])
+@pytest.mark.parametrize(
+    "make,exc,message",
+    [
+        (lambda: AttentionSpec(0, 2), ValueError, "AttentionSpec.num_heads: expected an int >= 1, got 0"),
+        (
+            lambda: AttentionSpec(2.0, 2),
+            TypeError,
+            "AttentionSpec.num_heads: expected an int >= 1, got 2.0 of type float",
+        ),
+        (
+            lambda: AttentionSpec(2, True),
+            TypeError,
+            "AttentionSpec.head_dim: expected an int >= 1, got True of type bool",
+        ),
+        (lambda: AttentionSpec(2, 2, bias=1), TypeError, "AttentionSpec.bias: expected a bool, got 1 of type int"),
+        (
+            lambda: AttentionSpec(2, 2, scale=-1.0),
+            ValueError,
+            "AttentionSpec.scale: expected a finite number > 0 or None, got -1.0",
+        ),
+        (
+            lambda: AttentionSpec(2, 2, scale=float("nan")),
+            ValueError,
+            "AttentionSpec.scale: expected a finite number > 0 or None, got nan",
+        ),
+        (
+            lambda: AttentionSpec(2, 2, scale="0.5"),
+            TypeError,
+            "AttentionSpec.scale: expected a real number, got '0.5' of type str",
+        ),
+        (
+            lambda: AttentionSpec(2, 2, relative="shaw"),
+            TypeError,
+            "AttentionSpec.relative: expected None or a registered scheme (Huang(...), Shaw(...)), got 'shaw' of type str",
+        ),
+        (
+            lambda: AttentionSpec(2, 2, causal=None),
+            TypeError,
+            "AttentionSpec.causal: expected a bool, got None of type NoneType",
+        ),
+        (
+            lambda: AttentionSpec(2, 2, mask_fill=float("-inf")),
+            ValueError,
+            "AttentionSpec.mask_fill: expected a finite float or None (None gives disallowed keys weight exactly 0), got -inf",
+        ),
+        (
+            lambda: AttentionSpec(2, 2, dropout=1.0),
+            ValueError,
+            "AttentionSpec.dropout: expected a probability in [0, 1), got 1.0",
+        ),
+        (
+            lambda: AttentionSpec(2, 2, dropout=-0.1),
+            ValueError,
+            "AttentionSpec.dropout: expected a probability in [0, 1), got -0.1",
+        ),
+        (lambda: Shaw(-1), ValueError, "Shaw.max_distance: expected an int >= 0, got -1"),
+        (lambda: Shaw(2, keys=False, values=False), ValueError, "Shaw: expected keys=True or values=True"),
+        (lambda: Shaw(2, per_head="yes"), TypeError, "Shaw.per_head: expected a bool, got 'yes' of type str"),
+        (lambda: Huang(0), ValueError, "Huang.max_len: expected an int >= 1, got 0"),
+        (
+            lambda: profiles.einsum_selfattention(10, 3),
+            ValueError,
+            "embed_size: expected a multiple of heads = 3, got 10",
+        ),
+        (lambda: profiles.shaw_rpe(12, 0), ValueError, "n_heads: expected an int >= 1, got 0"),
+        (
+            lambda: profiles.shaw_rpe(12, 2, max_relative_position=-1),
+            ValueError,
+            "max_relative_position: expected an int >= 0, got -1",
+        ),
+        (lambda: profiles.music_relative(12, 2, seq_len=0), ValueError, "seq_len: expected an int >= 1, got 0"),
+        (lambda: profiles.tutorial_mha(4.0, 2), ValueError, "feature_dim: expected an int >= 1, got 4.0"),
+    ],
+)
 def test_bad_spec_fields(make, exc, message):
     with pytest.raises(exc, match=re.escape(message)):
         make()

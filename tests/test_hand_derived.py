@@ -61,8 +61,7 @@ def test_huang_zero_beyond_table_and_unscaled_relative_term():
     # M = 2, d = 4 so s = 1/2; q = [1,1,1,1] for every token, k = 0 (content logits 0).
     # rel_k row for distance +1 is [ln 4/4]*4, so q . row = ln 4; unscaled -> weight ratio 4.
     # Query 0 sees distances 0, 1, 2 -> [0, ln 4, nothing] -> weights [1, 4, 1] / 6.
-    spec = AttentionSpec(num_heads=1, head_dim=4, relative=Huang(max_len=2, per_head=False),
-                         scale_relative=False)
+    spec = AttentionSpec(num_heads=1, head_dim=4, relative=Huang(max_len=2, per_head=False), scale_relative=False)
     p = numpy_ref.identity_params(spec)
     p["wk"] = np.zeros((4, 4))
     p["rel_k"] = np.zeros((3, 4))
@@ -71,6 +70,7 @@ def test_huang_zero_beyond_table_and_unscaled_relative_term():
     np.testing.assert_allclose(w[0, 0, 0], [1 / 6, 4 / 6, 1 / 6], atol=1e-15)
     # scaled (the default): the term is ln 4 / 2 = ln 2 -> [1, 2, 1] / 4
     from dataclasses import replace
+
     _, w = numpy_ref.attention(replace(spec, scale_relative=True), p, np.ones((1, 3, 4)), return_weights=True)
     np.testing.assert_allclose(w[0, 0, 0], [0.25, 0.5, 0.25], atol=1e-15)
 
@@ -80,6 +80,7 @@ def test_shaw_index_matches_the_clamped_distance_table():
     # the last [0, 0, 0, 0, 0, 0, 1, 2].
     from numpy_ref.masking import relative_distance
     from numpy_ref.relative import shaw_index
+
     idx = shaw_index(relative_distance(np.arange(8)[None], np.arange(8)[None]), 2)[0]
     assert idx[0].tolist() == [2, 3, 4, 4, 4, 4, 4, 4]
     assert idx[3].tolist() == [0, 0, 1, 2, 3, 4, 4, 4]

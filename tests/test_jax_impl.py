@@ -34,8 +34,9 @@ DIFF = ("query", "key", "value", "bias")
 
 def _fwd_grads(spec, params, diff, other, g):
     def f(params, diff):
-        return jax_impl.attention(spec, params, diff["query"], diff["key"], diff["value"], bias=diff.get("bias"),
-                                  **other, return_weights=True)
+        return jax_impl.attention(
+            spec, params, diff["query"], diff["key"], diff["value"], bias=diff.get("bias"), **other, return_weights=True
+        )
 
     out, pullback, weights = jax.vjp(f, params, diff, has_aux=True)
     return out, weights, pullback(g)
@@ -140,8 +141,9 @@ def test_dropout_comes_from_the_rngs_in_training_and_is_off_in_eval():
     m = jax_impl.MultiHeadAttention(spec, rngs=nnx.Rngs(0, dropout=7), dtype=jnp.float64).load_canonical(ref_params)
     out = m(x)
     keep = jax.random.bernoulli(nnx.Rngs(0, dropout=7).dropout(), 0.6, (2, 2, 5, 5))  # the same draw
-    np.testing.assert_allclose(np.asarray(out), numpy_ref.attention(spec, ref_params, np.asarray(x),
-                                                                    dropout_keep=np.asarray(keep)), atol=1e-12)
+    np.testing.assert_allclose(
+        np.asarray(out), numpy_ref.attention(spec, ref_params, np.asarray(x), dropout_keep=np.asarray(keep)), atol=1e-12
+    )
     assert not np.allclose(np.asarray(m(x)), np.asarray(out))  # the stream advances
     m.eval()
     np.testing.assert_allclose(np.asarray(m(x)), numpy_ref.attention(spec, ref_params, np.asarray(x)), atol=1e-12)
@@ -153,15 +155,18 @@ def test_load_canonical_checks_params_in_the_words_of_the_functional_entry_point
     m = jax_impl.MultiHeadAttention(spec, rngs=nnx.Rngs(0), dtype=jnp.float64)
     params = numpy_ref.init_params(spec, 0)
     x = jnp.zeros((1, 2, 6))
-    cases = [({n: a for n, a in params.items() if n != "rel_v"}, ValueError),
-             ({**params, "extra": params["wq"]}, ValueError),
-             ({**params, "rel_k": params["rel_k"][:2]}, ValueError),
-             ({**params, "wq": params["wq"].astype(np.int64)}, TypeError),
-             ([1, 2], TypeError)]
+    cases = [
+        ({n: a for n, a in params.items() if n != "rel_v"}, ValueError),
+        ({**params, "extra": params["wq"]}, ValueError),
+        ({**params, "rel_k": params["rel_k"][:2]}, ValueError),
+        ({**params, "wq": params["wq"].astype(np.int64)}, TypeError),
+        ([1, 2], TypeError),
+    ]
     for bad, error in cases:
         with pytest.raises(error) as functional:
-            jax_impl.attention(spec, bad if not isinstance(bad, dict) else {n: jnp.asarray(a) for n, a in bad.items()},
-                               x)
+            jax_impl.attention(
+                spec, bad if not isinstance(bad, dict) else {n: jnp.asarray(a) for n, a in bad.items()}, x
+            )
         with pytest.raises(error, match=re.escape(str(functional.value))):
             m.load_canonical(bad)
 
@@ -169,8 +174,12 @@ def test_load_canonical_checks_params_in_the_words_of_the_functional_entry_point
 def test_load_canonical_refuses_silent_casts():
     spec = AttentionSpec(2, 3)
     m = jax_impl.MultiHeadAttention(spec, rngs=nnx.Rngs(0))  # float32
-    with pytest.raises(TypeError, match=re.escape("params: expected arrays of the module's dtype float32 (cast them "
-                                                  "explicitly first), got dtype float64")):
+    with pytest.raises(
+        TypeError,
+        match=re.escape(
+            "params: expected arrays of the module's dtype float32 (cast them explicitly first), got dtype float64"
+        ),
+    ):
         m.load_canonical(numpy_ref.init_params(spec, 0))
 
 
@@ -188,14 +197,16 @@ def test_flax_mha_round_trip_is_exact_and_computes_the_same(bias):
     mask = np.random.default_rng(1).random((2, 1, 5, 5)) < 0.8
     mask[..., 0] = True  # no empty rows: Flax averages V there
     theirs = mha(jnp.asarray(x), mask=jnp.asarray(mask), deterministic=True)
-    ours = jax_impl.attention(spec, {n: jnp.asarray(a) for n, a in params.items()}, jnp.asarray(x),
-                              mask=jnp.asarray(mask))
+    ours = jax_impl.attention(
+        spec, {n: jnp.asarray(a) for n, a in params.items()}, jnp.asarray(x), mask=jnp.asarray(mask)
+    )
     np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), atol=1e-6)  # Flax softmaxes in float32
 
 
 def test_interop_rejects_what_it_cannot_express():
-    with pytest.raises(ValueError, match=re.escape("spec.scale: expected None (nnx.MultiHeadAttention cannot express "
-                                                   "it), got 0.5")):
+    with pytest.raises(
+        ValueError, match=re.escape("spec.scale: expected None (nnx.MultiHeadAttention cannot express it), got 0.5")
+    ):
         jax_impl.to_flax_mha(AttentionSpec(2, 2, scale=0.5), {})
     with pytest.raises(TypeError, match=re.escape("module: expected a flax.nnx.MultiHeadAttention, got Linear")):
         jax_impl.from_flax_mha(nnx.Linear(2, 2, rngs=nnx.Rngs(0)))
@@ -212,30 +223,41 @@ def small():
 def test_bad_input_is_rejected_at_trace_time_with_the_reference_messages(small):
     spec, params, x = small
     jf = jax.jit(jax_impl.attention, static_argnums=0)
-    with pytest.raises(TypeError, match=re.escape("mask: expected a boolean array (True = attend); for an additive "
-                                                  "float mask use bias=, got dtype float32")):
+    with pytest.raises(
+        TypeError,
+        match=re.escape(
+            "mask: expected a boolean array (True = attend); for an additive float mask use bias=, got dtype float32"
+        ),
+    ):
         jf(spec, params, x, mask=jnp.ones((3, 3), jnp.float32))
-    with pytest.raises(ValueError, match=re.escape("mask: expected a shape broadcastable to (B, H, Lq, Lk) = "
-                                                   "(2, 2, 3, 3)")):
+    with pytest.raises(
+        ValueError, match=re.escape("mask: expected a shape broadcastable to (B, H, Lq, Lk) = (2, 2, 3, 3)")
+    ):
         jf(spec, params, x, mask=jnp.ones((2, 3), bool))
-    with pytest.raises(TypeError, match=re.escape("key: expected the query's dtype float32 (no implicit casting), "
-                                                  "got dtype float16")):
+    with pytest.raises(
+        TypeError, match=re.escape("key: expected the query's dtype float32 (no implicit casting), got dtype float16")
+    ):
         jf(spec, params, x, x.astype(jnp.float16))
-    with pytest.raises(TypeError, match=re.escape("params['wq']: expected the query's dtype float32 (no implicit "
-                                                  "casting), got dtype float64")):
+    with pytest.raises(
+        TypeError,
+        match=re.escape("params['wq']: expected the query's dtype float32 (no implicit casting), got dtype float64"),
+    ):
         jf(spec, {**params, "wq": params["wq"].astype(jnp.float64)}, x)
     with pytest.raises(ValueError, match=re.escape("params: expected entries")):
         jf(spec, {n: a for n, a in params.items() if n != "rel_v"}, x)
-    with pytest.raises(TypeError, match=re.escape("q_positions: expected an integer array of positions, got dtype "
-                                                  "float32")):
+    with pytest.raises(
+        TypeError, match=re.escape("q_positions: expected an integer array of positions, got dtype float32")
+    ):
         jf(spec, params, x, q_positions=jnp.zeros(3, jnp.float32))
 
 
 def test_float64_without_x64_is_refused_not_downcast():
-    code = ("import numpy as np, jax_impl, numpy_ref\n"
-            "from spec import AttentionSpec\n"
-            "s = AttentionSpec(1, 2)\n"
-            "jax_impl.attention(s, numpy_ref.init_params(s, 0), np.zeros((1, 2, 2)))\n")
+    code = (
+        "import numpy as np, jax_impl, numpy_ref\n"
+        "from spec import AttentionSpec\n"
+        "s = AttentionSpec(1, 2)\n"
+        "jax_impl.attention(s, numpy_ref.init_params(s, 0), np.zeros((1, 2, 2)))\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode != 0
     assert "query: expected float64 only with jax_enable_x64" in out.stderr

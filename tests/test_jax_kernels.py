@@ -52,8 +52,11 @@ def _budgets(spec_, params, inputs, g, truth) -> dict:
     errors = dict.fromkeys(truth, 0.0)
     for order in naive.ORDERS:
         out, w, cache = naive.forward(spec_, params, inputs, "float64", order)
-        produced = {"out": out, "weights": w,
-                    **{f"grad/{n}": a for n, a in naive.backward(spec_, cache, g, order).items()}}
+        produced = {
+            "out": out,
+            "weights": w,
+            **{f"grad/{n}": a for n, a in naive.backward(spec_, cache, g, order).items()},
+        }
         for n in truth:
             errors[n] = max(errors[n], tolerance.max_error(produced[n], truth[n]))
     grad_scale = max(tolerance.magnitude(a) for n, a in truth.items() if n.startswith("grad/"))
@@ -66,9 +69,19 @@ def _every_kernel(spec_, kernels_, params, diff, other, g):
     """(out, weights, grads) of each kernel: one compiled program per configuration."""
     results = []
     for kernel in kernels_:
+
         def f(params, diff, kernel=kernel):
-            return jax_impl.attention(spec_, params, diff["query"], diff["key"], diff["value"], bias=diff.get("bias"),
-                                      **other, return_weights=True, implementation=kernel)
+            return jax_impl.attention(
+                spec_,
+                params,
+                diff["query"],
+                diff["key"],
+                diff["value"],
+                bias=diff.get("bias"),
+                **other,
+                return_weights=True,
+                implementation=kernel,
+            )
 
         out, pullback, weights = jax.vjp(f, params, diff, has_aux=True)
         g_params, g_diff = pullback(g)
@@ -80,15 +93,17 @@ def check_every_kernel(spec_, params, inputs, kernels_=KERNELS, seed=0):
     """Both kernels against numpy_ref (out, weights, gradients) and tiles against xla, within the budgets."""
     g = np.random.default_rng(seed).normal(size=inputs["query"].shape)
     kw = {n: a for n, a in inputs.items() if n not in ("query", "key", "value")}
-    out, weights = numpy_ref.attention(spec_, params, inputs["query"], inputs["key"], inputs["value"], **kw,
-                                       return_weights=True)
+    out, weights = numpy_ref.attention(
+        spec_, params, inputs["query"], inputs["key"], inputs["value"], **kw, return_weights=True
+    )
     grads = numpy_ref.attention_vjp(spec_, params, inputs["query"], inputs["key"], inputs["value"], g, **kw)
     truth = {"out": out, "weights": weights, **{f"grad/{n}": a for n, a in grads.items()}}
     budgets = _budgets(spec_, params, inputs, g, truth)
     diff = {n: jnp.asarray(a) for n, a in inputs.items() if n in DIFF}
     other = {n: jnp.asarray(a) for n, a in inputs.items() if n not in DIFF}
-    results = _every_kernel(spec_, kernels_, {n: jnp.asarray(a) for n, a in params.items()}, diff, other,
-                            jnp.asarray(g))
+    results = _every_kernel(
+        spec_, kernels_, {n: jnp.asarray(a) for n, a in params.items()}, diff, other, jnp.asarray(g)
+    )
     for kernel, got in zip(kernels_, results):
         assert sorted(got) == sorted(truth), kernel
         for n in truth:
@@ -101,8 +116,7 @@ def check_every_kernel(spec_, params, inputs, kernels_=KERNELS, seed=0):
             assert error <= budgets[n], f"{kernel} vs xla: {n} differs by {error:.3g} > budget {budgets[n]:.3g}"
 
 
-SCHEMES = [None, Shaw(2), Shaw(1, keys=False, per_head=True), Shaw(0, values=False), Huang(3),
-           Huang(2, per_head=False)]
+SCHEMES = [None, Shaw(2), Shaw(1, keys=False, per_head=True), Shaw(0, values=False), Huang(3), Huang(2, per_head=False)]
 
 
 @st.composite
@@ -176,8 +190,13 @@ huang_key_term = jax.jit(huang.key_term, static_argnums=0)
 
 
 @settings(max_examples=20)
-@given(q_start=st.integers(0, 9), Lq=st.integers(1, 6), Lk=st.integers(1, 12), k=st.integers(0, 4),
-       seed=st.integers(0, 2**16))
+@given(
+    q_start=st.integers(0, 9),
+    Lq=st.integers(1, 6),
+    Lk=st.integers(1, 12),
+    k=st.integers(0, 4),
+    seed=st.integers(0, 2**16),
+)
 def test_banded_shaw_value_sums_equal_the_scatter_over_any_tile(q_start, Lq, Lk, k, seed):
     """SHAW-4: the banded bucket sums of a tile are the sums per clipped distance (integer weights: exact)."""
     w = np.random.default_rng(seed).integers(0, 9, size=(1, 2, Lq, Lk)).astype(np.float64)
@@ -188,8 +207,15 @@ def test_banded_shaw_value_sums_equal_the_scatter_over_any_tile(q_start, Lq, Lk,
 
 
 @settings(max_examples=20)
-@given(q_start=st.integers(0, 9), Lq=st.integers(1, 6), Lk=st.integers(1, 12), M=st.integers(1, 8),
-       per_head=st.booleans(), causal=st.booleans(), seed=st.integers(0, 2**16))
+@given(
+    q_start=st.integers(0, 9),
+    Lq=st.integers(1, 6),
+    Lk=st.integers(1, 12),
+    M=st.integers(1, 8),
+    per_head=st.booleans(),
+    causal=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
 def test_huang_skew_equals_the_plain_gather_over_any_tile(q_start, Lq, Lk, M, per_head, causal, seed):
     """HUANG-2..4: the skew over the reachable rows is the gather by relative index (integer values: exact).
 
@@ -224,8 +250,7 @@ def test_index_helpers_are_numpy_refs():
     """SHAW-2 and HUANG-2/3 row indices, exactly."""
     delta = np.arange(-9, 10)[None, None, :] - np.arange(4)[None, :, None]
     for k in (0, 1, 3):
-        np.testing.assert_array_equal(np.asarray(shaw.shaw_index(jnp.asarray(delta), k)),
-                                      ref_rel.shaw_index(delta, k))
+        np.testing.assert_array_equal(np.asarray(shaw.shaw_index(jnp.asarray(delta), k)), ref_rel.shaw_index(delta, k))
     for M in (1, 2, 5):
         row, valid = huang.huang_index(jnp.asarray(delta), M)
         ref_row, ref_valid = ref_rel.huang_index(delta, M)
@@ -236,8 +261,9 @@ def test_index_helpers_are_numpy_refs():
 def test_gather_rows_is_plain_indexing():
     r = np.random.default_rng(1).normal(size=(2, 2, 3, 5))
     index = np.random.default_rng(2).integers(0, 5, size=(2, 3, 4))
-    np.testing.assert_array_equal(np.asarray(gather_rows(jnp.asarray(r), jnp.asarray(index))),
-                                  ref_rel.gather_buckets(r, index))
+    np.testing.assert_array_equal(
+        np.asarray(gather_rows(jnp.asarray(r), jnp.asarray(index))), ref_rel.gather_buckets(r, index)
+    )
 
 
 def _shapes(jaxpr):
@@ -266,7 +292,7 @@ def test_no_kernel_builds_anything_of_shape_lq_lk_d(kernel, relative):
     for q_positions in (None, jnp.arange(Lq)):
         shapes = set(_shapes(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(params, x, kv, q_positions).jaxpr))
         assert (1, 2, Lq, Lk) in shapes  # the walk sees the logits
-        assert not [s for s in shapes if any(s[i:i + 3] == (Lq, Lk, d_) for i in range(len(s)))]
+        assert not [s for s in shapes if any(s[i : i + 3] == (Lq, Lk, d_) for i in range(len(s)))]
 
 
 # ---------------------------------------------------------------- the choice (KERN-1)
@@ -282,8 +308,10 @@ def test_the_automatic_choice_is_tiles_with_its_defaults(relative):
     assert kernels.resolve(None, spec_, _call()) == Tiles() == Tiles(query_rows=256)
     params = {n: jnp.asarray(a) for n, a in numpy_ref.init_params(spec_, 0).items()}
     x = jnp.zeros((1, 4, spec_.model_dim))
-    program = {impl: str(jax.make_jaxpr(functools.partial(jax_impl.attention, spec_, implementation=impl))(params, x))
-               for impl in (None, "tiles", Tiles(query_rows=256))}
+    program = {
+        impl: str(jax.make_jaxpr(functools.partial(jax_impl.attention, spec_, implementation=impl))(params, x))
+        for impl in (None, "tiles", Tiles(query_rows=256))
+    }
     assert program[None] == program["tiles"] == program[Tiles(query_rows=256)]
 
 
@@ -322,13 +350,23 @@ def test_unknown_kernels_and_bad_knobs_are_errors():
     spec_ = AttentionSpec(H, d)
     params = {n: jnp.asarray(a, jnp.float32) for n, a in numpy_ref.init_params(spec_, 0).items()}
     x = jnp.zeros((1, 3, spec_.model_dim), jnp.float32)
-    with pytest.raises(ValueError, match=re.escape("implementation: expected None, one of ['xla', 'tiles'] or a "
-                                                   "kernel object (jax_impl.kernels.Tiles(query_rows=...), ...), "
-                                                   "got 'flash'")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "implementation: expected None, one of ['xla', 'tiles'] or a "
+            "kernel object (jax_impl.kernels.Tiles(query_rows=...), ...), "
+            "got 'flash'"
+        ),
+    ):
         jax_impl.attention(spec_, params, x, implementation="flash")
-    with pytest.raises(TypeError, match=re.escape("implementation: expected None, a kernel name ['xla', 'tiles'] or "
-                                                  "a kernel object (jax_impl.kernels.Xla(), "
-                                                  "jax_impl.kernels.Tiles(...)), got int")):
+    with pytest.raises(
+        TypeError,
+        match=re.escape(
+            "implementation: expected None, a kernel name ['xla', 'tiles'] or "
+            "a kernel object (jax_impl.kernels.Xla(), "
+            "jax_impl.kernels.Tiles(...)), got int"
+        ),
+    ):
         jax_impl.attention(spec_, params, x, implementation=2)
     for rows in (0, -1, 2.0, True):
         with pytest.raises(ValueError, match=re.escape(f"Tiles.query_rows: expected an int >= 1, got {rows!r}")):
@@ -390,12 +428,17 @@ def test_new_hook_kinds_need_only_a_module_and_tiles_says_it_lacks_them(register
     # the same function without the scheme: q -> 2q is twice the scale (exact), the bias an input
     same = AttentionSpec(H, d, scale=2 * spec_.effective_scale)
     delta = np.arange(4)[None, :] - np.arange(4)[:, None]
-    expected = jax_impl.attention(same, params, x, mask=mask, bias=jnp.asarray(-0.5 * np.abs(delta)),
-                                  implementation="xla")
+    expected = jax_impl.attention(
+        same, params, x, mask=mask, bias=jnp.asarray(-0.5 * np.abs(delta)), implementation="xla"
+    )
     np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
-    with pytest.raises(ValueError, match=re.escape(
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
             f"implementation='tiles' does not support this call: the jax_impl module of scheme {registered.name!r} "
-            "has no tiled hooks (bias_tiled); kernels that do: ['xla'] (KERN-1)")):
+            "has no tiled hooks (bias_tiled); kernels that do: ['xla'] (KERN-1)"
+        ),
+    ):
         jax_impl.attention(spec_, params, x, implementation="tiles")
 
 
@@ -404,7 +447,11 @@ def test_a_scheme_without_a_jax_module_is_refused_by_name(registered):
     schemes.REGISTRY.pop(registered.name)
     spec_ = AttentionSpec(H, d, relative=registered)
     params = {n: jnp.asarray(a) for n, a in numpy_ref.init_params(AttentionSpec(H, d), 0).items()}
-    with pytest.raises(ValueError, match=re.escape(
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
             f"spec.relative: expected a scheme jax_impl implements (one of ['huang', 'shaw']; add one with "
-            f"jax_impl.schemes.register_module(name, module)), got {registered.name!r} (DoubleQueryMinusDistance)")):
+            f"jax_impl.schemes.register_module(name, module)), got {registered.name!r} (DoubleQueryMinusDistance)"
+        ),
+    ):
         jax_impl.attention(spec_, params, jnp.zeros((1, 2, spec_.model_dim)))

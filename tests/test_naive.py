@@ -83,8 +83,9 @@ def test_allowed_and_dead_keys_MASK_4_MASK_7():
     bias = np.zeros((2, 2, 3))  # (H, Lq, Lk)
     bias[1, 1, 0] = -np.inf
     allowed = allowed_keys((1, 2, 2, 3), delta, causal=True, mask=mask, bias=bias)
-    assert allowed.tolist() == [[[[True, False, False], [True, True, False]],
-                                 [[True, False, False], [False, True, False]]]]
+    assert allowed.tolist() == [
+        [[[True, False, False], [True, True, False]], [[True, False, False], [False, True, False]]]
+    ]
     assert dead_keys(allowed).tolist() == [[False, False, True]]
     # key 0 is still attended by head 0 only: not dead; without a mask nothing is dead
     assert dead_keys(allowed_keys((1, 2, 2, 3), delta, causal=False, mask=None, bias=None)).tolist() == [[False] * 3]
@@ -139,17 +140,25 @@ def test_naive_imports_nothing_from_numpy_ref():
     """PREC-2: the budgets' unit must not share a bug with the reference it measures."""
     files = sorted(NAIVE_DIR.rglob("*.py"))
     assert {f.name for f in files} >= {"__init__.py", "core.py", "shaw.py", "huang.py"}
-    offenders = [(str(f.relative_to(NAIVE_DIR)), name) for f in files
-                 for name in _imports(ast.parse(f.read_text(encoding="utf-8")))
-                 if name == "numpy_ref" or name.startswith("numpy_ref.")]
+    offenders = [
+        (str(f.relative_to(NAIVE_DIR)), name)
+        for f in files
+        for name in _imports(ast.parse(f.read_text(encoding="utf-8")))
+        if name == "numpy_ref" or name.startswith("numpy_ref.")
+    ]
     assert not offenders, f"conformance/naive must not import numpy_ref: {offenders}"
 
 
 def _code_names(tree):
     """Identifiers, imported names and string constants, docstrings left out."""
-    docs = {id(n.body[0].value) for n in ast.walk(tree)
-            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef)) and n.body
-            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    docs = {
+        id(n.body[0].value)
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef))
+        and n.body
+        and isinstance(n.body[0], ast.Expr)
+        and isinstance(n.body[0].value, ast.Constant)
+    }
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):
             yield node.id
@@ -201,15 +210,18 @@ def _toy_call(seed=0):
     base = AttentionSpec(num_heads=2, head_dim=3, causal=True)
     rng = np.random.default_rng(seed)
     params = numpy_ref.init_params(base, seed=seed)
-    inputs = {"query": rng.normal(size=(2, 3, 6)), "key": rng.normal(size=(2, 4, 6)),
-              "value": rng.normal(size=(2, 4, 6)), "q_positions": np.array([1, 2, 3])}
+    inputs = {
+        "query": rng.normal(size=(2, 3, 6)),
+        "key": rng.normal(size=(2, 4, 6)),
+        "value": rng.normal(size=(2, 4, 6)),
+        "q_positions": np.array([1, 2, 3]),
+    }
     return base, params, inputs, rng.normal(size=(2, 3, 6))
 
 
 def _with_scheme(base, scheme):
     """A stand-in spec carrying a test-only scheme (AttentionSpec accepts registered schemes only)."""
-    fields = ("num_heads", "head_dim", "bias", "causal", "mask_fill", "dropout", "effective_scale",
-              "relative_scale")
+    fields = ("num_heads", "head_dim", "bias", "causal", "mask_fill", "dropout", "effective_scale", "relative_scale")
     return types.SimpleNamespace(**{f: getattr(base, f) for f in fields}, relative=scheme)
 
 
@@ -224,8 +236,9 @@ def test_the_bias_hook_acts_as_the_bias_input(order, monkeypatch):
     delta = np.abs(np.array([0, 1, 2, 3])[None, :] - np.array([1, 2, 3])[:, None])  # (Lq, Lk)
     bias = -slopes[:, None, None] * delta  # (H, Lq, Lk)
     kw = {"q_positions": inputs["q_positions"], "bias": bias}
-    ref_out, ref_w = numpy_ref.attention(base, params, inputs["query"], inputs["key"], inputs["value"], **kw,
-                                         return_weights=True)
+    ref_out, ref_w = numpy_ref.attention(
+        base, params, inputs["query"], inputs["key"], inputs["value"], **kw, return_weights=True
+    )
     ref = numpy_ref.attention_vjp(base, params, inputs["query"], inputs["key"], inputs["value"], g, **kw)
     np.testing.assert_allclose(out, ref_out, atol=1e-12, rtol=0)
     np.testing.assert_allclose(w, ref_w, atol=1e-12, rtol=0)

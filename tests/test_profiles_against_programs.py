@@ -41,7 +41,7 @@ def program_source(marker: str) -> str:
         text = path.read_text(encoding="utf-8")
         if marker in text:
             lines = text.splitlines()
-            start = next(i for i, l in enumerate(lines) if l.startswith(("import ", "from ")))
+            start = next(i for i, line in enumerate(lines) if line.startswith(("import ", "from ")))
             for end in range(len(lines), start, -1):
                 code = "\n".join(lines[start:end])
                 try:
@@ -75,16 +75,31 @@ def test_prof2_tutorial_mha(monkeypatch):
     torch.manual_seed(0)
     ns = run_program("split_heads", monkeypatch)  # a script: it has already run
     spec = profiles.tutorial_mha(feature_dim=4, num_heads=2)
-    params = {"wq": t(ns["linear_q"].weight), "wk": t(ns["linear_k"].weight), "wv": t(ns["linear_v"].weight),
-              "wo": t(ns["linear_out"].weight), "bq": b(ns["linear_q"].bias), "bk": b(ns["linear_k"].bias),
-              "bv": b(ns["linear_v"].bias), "bo": b(ns["linear_out"].bias)}
+    params = {
+        "wq": t(ns["linear_q"].weight),
+        "wk": t(ns["linear_k"].weight),
+        "wv": t(ns["linear_v"].weight),
+        "wo": t(ns["linear_out"].weight),
+        "bq": b(ns["linear_q"].bias),
+        "bk": b(ns["linear_k"].bias),
+        "bv": b(ns["linear_v"].bias),
+        "bo": b(ns["linear_out"].bias),
+    }
     out = numpy_ref.attention(spec, params, ns["x"].numpy())
     np.testing.assert_allclose(out, ns["attn_outputs"].detach().numpy(), rtol=1e-5, atol=1e-6)  # float32 program
 
 
 def einsum_params(module, D):
-    return {"wq": np.eye(D), "wk": np.eye(D), "wv": np.eye(D), "wo": t(module.fc_out.weight),
-            "bq": np.zeros(D), "bk": np.zeros(D), "bv": np.zeros(D), "bo": b(module.fc_out.bias)}
+    return {
+        "wq": np.eye(D),
+        "wk": np.eye(D),
+        "wv": np.eye(D),
+        "wo": t(module.fc_out.weight),
+        "bq": np.zeros(D),
+        "bk": np.zeros(D),
+        "bv": np.zeros(D),
+        "bo": b(module.fc_out.bias),
+    }
 
 
 def test_prof3_einsum_selfattention(monkeypatch):
@@ -145,7 +160,7 @@ def test_prof5_music_relative(monkeypatch, L):
     params = music_params(module)
     if L < M:  # the program reads row delta + L - 1: shift the table by M - L (PROF-5)
         shifted = np.zeros_like(params["rel_k"])
-        shifted[M - L:] = params["rel_k"][: 2 * M - 1 - (M - L)]
+        shifted[M - L :] = params["rel_k"][: 2 * M - 1 - (M - L)]
         if L > 1:  # with one key the weight is 1 whatever the logits: nothing to see
             assert not np.allclose(numpy_ref.attention(spec, params, x), expected)  # the departure is real
         params["rel_k"] = shifted

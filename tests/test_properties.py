@@ -4,12 +4,12 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from _random_calls import random_call
+from hypothesis import given
+from hypothesis import strategies as st
 
 import numpy_ref
 from spec import AttentionSpec, Huang, Shaw
-
-from _random_calls import random_call
 
 seeds = st.integers(0, 2**32 - 1)
 
@@ -113,8 +113,9 @@ def test_mask7_dead_keys_change_nothing(poison, seed):
     dead = ~pad[:, 0, 0, :]
     key, value = call.key.copy(), call.value.copy()
     key[dead], value[dead] = poison, poison
-    out_p, w_p = numpy_ref.attention(call.spec, call.params, call.query, key, value, **kw, mask=pad,
-                                     return_weights=True)
+    out_p, w_p = numpy_ref.attention(
+        call.spec, call.params, call.query, key, value, **kw, mask=pad, return_weights=True
+    )
     grads_p = numpy_ref.attention_vjp(call.spec, call.params, call.query, key, value, g, **kw, mask=pad)
     np.testing.assert_array_equal(out, out_p)
     np.testing.assert_array_equal(w, w_p)

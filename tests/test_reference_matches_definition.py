@@ -7,12 +7,12 @@ reference (skew, gathers, bucket sums) trustworthy as the spec's executable form
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from _random_calls import random_call
+from hypothesis import given
+from hypothesis import strategies as st
 
 import numpy_ref
 from spec import AttentionSpec, Huang, Shaw
-
-from _random_calls import random_call
 
 TOL = 1e-12
 
@@ -55,7 +55,7 @@ def test_every_mask_rank(rank):
     call = random_call(7, spec=spec, cross=True)
     B, Lq, Lk = call.query.shape[0], call.query.shape[1], call.key.shape[1]
     full = (B, 2, Lq, Lk)
-    call.kwargs = {"mask": np.random.default_rng(rank).random(full[4 - rank:]) < 0.6}
+    call.kwargs = {"mask": np.random.default_rng(rank).random(full[4 - rank :]) < 0.6}
     assert_same(call)
 
 

@@ -36,8 +36,9 @@ def test_gather_logits_is_the_dot_with_the_indexed_row():
     q, table4 = rng.normal(size=(2, 2, 3, 4)), rng.normal(size=(1, 2, 5, 4))
     index = rng.integers(0, 5, size=(2, 3, 6))
     rows = table4[0][:, index].transpose(1, 0, 2, 3, 4)  # (B, H, Lq, Lk, d): fine at test sizes
-    np.testing.assert_allclose(rel.gather_logits(q, table4, index), np.einsum("bhid,bhijd->bhij", q, rows),
-                               rtol=1e-14, atol=1e-14)
+    np.testing.assert_allclose(
+        rel.gather_logits(q, table4, index), np.einsum("bhid,bhijd->bhij", q, rows), rtol=1e-14, atol=1e-14
+    )
 
 
 def test_gather_logits_vjp_is_its_gradient():
@@ -49,6 +50,7 @@ def test_gather_logits_vjp_is_its_gradient():
     dq, dt = rel.gather_logits_vjp(q, table4, index, g)
     assert dq.shape == q.shape and dt.shape == table4.shape
     assert np.isclose(np.sum(dq * q), f, rtol=1e-13) and np.isclose(np.sum(dt * table4), f, rtol=1e-13)
+
 
 def test_reachable_rows_are_zero_beyond_the_table():
     table = np.arange(1.0, 6.0)[:, None]  # M = 3: rows for distances -2..2 hold 1..5
@@ -73,10 +75,13 @@ def test_relative_distance_is_key_minus_query():
 @pytest.mark.parametrize("first,count", [(-9, 4), (-4, 6), (-2, 3), (0, 2), (1, 7), (5, 3)])
 def test_distance_rows_of_the_implementations_are_table_rows_or_zero(framework, first, count):
     """HUANG-2/3: torch_impl and jax_impl slice the rows of distances first .. first+count-1, zero outside."""
-    impl = pytest.importorskip(f"{framework}_impl.relative",
-                               reason=f"needs {framework}: pip install attnspec[{framework}]")
-    asarray = {"torch": lambda a: pytest.importorskip("torch").as_tensor(a),
-               "jax": lambda a: pytest.importorskip("jax.numpy").asarray(a)}[framework]
+    impl = pytest.importorskip(
+        f"{framework}_impl.relative", reason=f"needs {framework}: pip install attnspec[{framework}]"
+    )
+    asarray = {
+        "torch": lambda a: pytest.importorskip("torch").as_tensor(a),
+        "jax": lambda a: pytest.importorskip("jax.numpy").asarray(a),
+    }[framework]
     M = 3
     table = np.arange(1.0, 2 * M)[:, None] * np.array([[1.0, -1.0]])  # rows for distances -2..2
     expected = np.array([table[t + M - 1] if abs(t) <= M - 1 else [0.0, 0.0] for t in range(first, first + count)])

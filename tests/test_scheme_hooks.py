@@ -19,13 +19,12 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from _random_calls import random_call
 
 import numpy_ref
 import spec
 from numpy_ref import schemes
 from spec import AttentionSpec, Huang, Scheme, Shaw
-
-from _random_calls import random_call
 
 TOY = "toy-bias-rotate"
 UNBOUND = "toy-without-numpy-module"
@@ -95,10 +94,10 @@ def _rotate(x: np.ndarray, pos: np.ndarray, theta: float) -> np.ndarray:
     n = x.shape[-1] // 2
     a = theta * pos[:, None, :, None].astype(np.float64)  # (1|B, 1, L, 1)
     c, s = np.cos(a), np.sin(a)
-    x0, x1 = x[..., 0:2 * n:2], x[..., 1:2 * n:2]
+    x0, x1 = x[..., 0 : 2 * n : 2], x[..., 1 : 2 * n : 2]
     out = x.copy()
-    out[..., 0:2 * n:2] = x0 * c - x1 * s
-    out[..., 1:2 * n:2] = x0 * s + x1 * c
+    out[..., 0 : 2 * n : 2] = x0 * c - x1 * s
+    out[..., 1 : 2 * n : 2] = x0 * s + x1 * c
     return out
 
 
@@ -167,7 +166,7 @@ def test_rel3_hand_derived_rotation_and_bias():
     p["rel_slope"] = np.array([math.log(2)])
     x = np.array([[[1.0, 0.0], [0.0, 1.0]]])
     out, w = numpy_ref.attention(s, p, x, return_weights=True)
-    a = 2 * math.e ** 2
+    a = 2 * math.e**2
     expected = np.array([[a, 1.0], [1.0, a]]) / (a + 1)
     np.testing.assert_allclose(w[0, 0], expected, rtol=0, atol=1e-15)
     np.testing.assert_allclose(out[0], expected, rtol=0, atol=1e-15)
@@ -204,7 +203,7 @@ def _rotation_matrix(theta, pos, H, d):
     c, s = math.cos(theta * pos), math.sin(theta * pos)
     block = np.eye(d)
     for n in range(d // 2):
-        block[2 * n:2 * n + 2, 2 * n:2 * n + 2] = [[c, s], [-s, c]]
+        block[2 * n : 2 * n + 2, 2 * n : 2 * n + 2] = [[c, s], [-s, c]]
     return np.kron(np.eye(H), block)
 
 
@@ -261,19 +260,23 @@ def test_grad1_toy_vjp_equals_central_differences(name):
     call = random_call(11, spec=s, cross=True, max_len=4)
     rng = np.random.default_rng(3)
     B, Lq, Lk = call.query.shape[0], call.query.shape[1], call.key.shape[1]
-    kw = {"q_positions": rng.integers(-4, 5, size=(B, Lq)), "k_positions": rng.integers(-4, 5, size=Lk),
-          "bias": rng.normal(size=(1, Lq, Lk)), "mask": rng.random((B, 1, 1, Lk)) < 0.8}
+    kw = {
+        "q_positions": rng.integers(-4, 5, size=(B, Lq)),
+        "k_positions": rng.integers(-4, 5, size=Lk),
+        "bias": rng.normal(size=(1, Lq, Lk)),
+        "mask": rng.random((B, 1, 1, Lk)) < 0.8,
+    }
     if s.dropout > 0:
         kw["dropout_keep"] = rng.random((B, s.num_heads, Lq, Lk)) > s.dropout
     g = rng.normal(size=call.query.shape)
-    args = {"query": call.query, "key": call.key.copy(), "value": call.value.copy(), "bias": kw["bias"],
-            **call.params}
+    args = {"query": call.query, "key": call.key.copy(), "value": call.value.copy(), "bias": kw["bias"], **call.params}
     grads = numpy_ref.attention_vjp(s, call.params, args["query"], args["key"], args["value"], g, **kw)
 
     def objective(name, arr):
         a = {**args, name: arr}
-        out = numpy_ref.attention(s, {n: a[n] for n in call.params}, a["query"], a["key"], a["value"],
-                                  **{**kw, "bias": a["bias"]})
+        out = numpy_ref.attention(
+            s, {n: a[n] for n in call.params}, a["query"], a["key"], a["value"], **{**kw, "bias": a["bias"]}
+        )
         return float(np.sum(out * g))
 
     for arg_name, arr in args.items():
@@ -288,14 +291,17 @@ def test_grad1_toy_vjp_equals_central_differences(name):
 
 
 # ------------------------------------------------------------------ registry and errors
-@pytest.mark.parametrize("relative,kinds", [
-    (None, ()),
-    (Shaw(2), ("key_term", "value_term")),
-    (Shaw(2, keys=False), ("value_term",)),
-    (Shaw(2, values=False), ("key_term",)),
-    (Huang(3), ("key_term",)),
-    (ToyBiasRotate(), ("qk_transform", "bias")),
-])
+@pytest.mark.parametrize(
+    "relative,kinds",
+    [
+        (None, ()),
+        (Shaw(2), ("key_term", "value_term")),
+        (Shaw(2, keys=False), ("value_term",)),
+        (Shaw(2, values=False), ("key_term",)),
+        (Huang(3), ("key_term",)),
+        (ToyBiasRotate(), ("qk_transform", "bias")),
+    ],
+)
 def test_rel3_bind_applies_the_schemes_hooks_in_hook_order(relative, kinds):
     bound = schemes.bind(relative)
     assert bound.kinds == kinds
@@ -308,9 +314,11 @@ def test_rel4_builtin_schemes_have_their_own_modules():
     assert schemes.module_for(ToyBiasRotate()) is sys.modules[__name__]
 
 
-UNBOUND_MESSAGE = (r"spec\.relative: expected a scheme with a numpy_ref module \(one of \[.*'huang'.*'shaw'.*\]; "
-                   r"add one with numpy_ref\.schemes\.register_module\(name, module\)\), "
-                   rf"got '{UNBOUND}' \(Unbound\)")
+UNBOUND_MESSAGE = (
+    r"spec\.relative: expected a scheme with a numpy_ref module \(one of \[.*'huang'.*'shaw'.*\]; "
+    r"add one with numpy_ref\.schemes\.register_module\(name, module\)\), "
+    rf"got '{UNBOUND}' \(Unbound\)"
+)
 
 
 @pytest.mark.parametrize("entry", ["attention", "attention_vjp", "definition"])
@@ -318,9 +326,11 @@ def test_rel4_a_scheme_without_a_numpy_module_is_a_value_error(entry):
     s = AttentionSpec(1, 2, relative=Unbound(uses=("bias",)))
     p = numpy_ref.init_params(s, 0)
     x = np.zeros((1, 2, 2))
-    call = {"attention": lambda: numpy_ref.attention(s, p, x),
-            "attention_vjp": lambda: numpy_ref.attention_vjp(s, p, x, x, x, x),
-            "definition": lambda: numpy_ref.definition.attention(s, p, x)}[entry]
+    call = {
+        "attention": lambda: numpy_ref.attention(s, p, x),
+        "attention_vjp": lambda: numpy_ref.attention_vjp(s, p, x, x, x, x),
+        "definition": lambda: numpy_ref.definition.attention(s, p, x),
+    }[entry]
     with pytest.raises(ValueError, match=UNBOUND_MESSAGE):
         call()
 
@@ -333,8 +343,11 @@ def test_rel4_module_for_names_the_registered_schemes():
 def test_rel3_a_module_missing_a_hook_it_needs_is_a_value_error(monkeypatch):
     module = SimpleNamespace(__name__="partial_module", bias=bias)  # no bias_vjp, no literal_bias
     monkeypatch.setitem(schemes.REGISTRY, UNBOUND, module)
-    with pytest.raises(ValueError, match=r"partial_module: expected the functions \['bias_vjp'\] for the hooks "
-                                         rf"\['bias'\] of scheme '{UNBOUND}'"):
+    with pytest.raises(
+        ValueError,
+        match=r"partial_module: expected the functions \['bias_vjp'\] for the hooks "
+        rf"\['bias'\] of scheme '{UNBOUND}'",
+    ):
         schemes.bind(Unbound(uses=("bias",)))
     with pytest.raises(ValueError, match=r"expected the functions \['literal_bias'\]"):
         schemes.bind(Unbound(uses=("bias",)), literal=True)
@@ -349,6 +362,9 @@ def test_rel3_an_unknown_hook_kind_is_a_value_error(monkeypatch):
 def test_rel4_register_module_is_idempotent_and_keeps_names_apart():
     schemes.register_module(TOY, sys.modules[__name__])  # the same module again: no-op
     assert schemes.module_for(ToyBiasRotate()) is sys.modules[__name__]
-    with pytest.raises(ValueError, match=r"register_module: scheme name 'shaw' already has the module "
-                                         r"numpy_ref\.schemes\.shaw"):
+    with pytest.raises(
+        ValueError,
+        match=r"register_module: scheme name 'shaw' already has the module "
+        r"numpy_ref\.schemes\.shaw",
+    ):
         schemes.register_module("shaw", sys.modules[__name__])

@@ -11,7 +11,9 @@ import spec
 from spec import SPEC_VERSION, AttentionSpec, Huang, Shaw, profiles
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-RULE_REF = re.compile(r"\b(AXES|SHAPE|INPUT|PARAM|PROJ|HEAD|OUT|SCALE|POS|CAUSAL|MASK|BIAS|SOFTMAX|DROP|REL|SHAW|HUANG|GRAD|PREC|KERN|VER|PROF)-(\d+)\b")
+RULE_REF = re.compile(
+    r"\b(AXES|SHAPE|INPUT|PARAM|PROJ|HEAD|OUT|SCALE|POS|CAUSAL|MASK|BIAS|SOFTMAX|DROP|REL|SHAW|HUANG|GRAD|PREC|KERN|VER|PROF)-(\d+)\b"
+)
 
 
 def test_version_is_semver():
@@ -33,8 +35,16 @@ def test_model_dim_scale_and_param_shapes():
     assert s.model_dim == 12
     assert s.effective_scale == 1 / math.sqrt(6) and s.relative_scale == s.effective_scale
     assert s.param_shapes() == {
-        "wq": (12, 12), "wk": (12, 12), "wv": (12, 12), "wo": (12, 12),
-        "bq": (12,), "bk": (12,), "bv": (12,), "bo": (12,), "rel_k": (5, 6), "rel_v": (5, 6),
+        "wq": (12, 12),
+        "wk": (12, 12),
+        "wv": (12, 12),
+        "wo": (12, 12),
+        "bq": (12,),
+        "bk": (12,),
+        "bv": (12,),
+        "bo": (12,),
+        "rel_k": (5, 6),
+        "rel_v": (5, 6),
     }
     h = AttentionSpec(num_heads=3, head_dim=4, bias=False, relative=Huang(max_len=5), scale_relative=False)
     assert h.param_shapes() == {"wq": (12, 12), "wk": (12, 12), "wv": (12, 12), "wo": (12, 12), "rel_k": (3, 9, 4)}
@@ -82,10 +92,17 @@ def test_every_reference_function_cites_its_rules():
 
     public = [numpy_ref.attention, numpy_ref.attention_vjp, numpy_ref.init_params]
     modules = [forward, backward, heads, masking, relative]
-    helpers = [f for m in modules for n, f in vars(m).items()
-               if inspect.isfunction(f) and f.__module__ == m.__name__ and not n.startswith("_")]
-    missing = [f.__qualname__ for f in public + helpers
-               if not RULE_REF.search((inspect.getdoc(f) or "") + (inspect.getdoc(inspect.getmodule(f)) or ""))]
+    helpers = [
+        f
+        for m in modules
+        for n, f in vars(m).items()
+        if inspect.isfunction(f) and f.__module__ == m.__name__ and not n.startswith("_")
+    ]
+    missing = [
+        f.__qualname__
+        for f in public + helpers
+        if not RULE_REF.search((inspect.getdoc(f) or "") + (inspect.getdoc(inspect.getmodule(f)) or ""))
+    ]
     assert not missing
 
 

@@ -80,16 +80,22 @@ def _imports(path: pathlib.Path) -> set[str]:
     return out
 
 
-@pytest.mark.parametrize("package,forbidden", [
-    ("spec", {"numpy_ref", "torch_impl", "jax_impl", "conformance", "numpy", "torch", "jax"}),
-    ("numpy_ref", {"torch_impl", "jax_impl", "conformance", "torch", "jax"}),
-    ("torch_impl", {"numpy_ref", "jax_impl", "conformance", "jax"}),
-    ("jax_impl", {"numpy_ref", "torch_impl", "conformance", "torch"}),
-])
+@pytest.mark.parametrize(
+    "package,forbidden",
+    [
+        ("spec", {"numpy_ref", "torch_impl", "jax_impl", "conformance", "numpy", "torch", "jax"}),
+        ("numpy_ref", {"torch_impl", "jax_impl", "conformance", "torch", "jax"}),
+        ("torch_impl", {"numpy_ref", "jax_impl", "conformance", "jax"}),
+        ("jax_impl", {"numpy_ref", "torch_impl", "conformance", "torch"}),
+    ],
+)
 def test_dependencies_point_one_way(package, forbidden):
     """spec <- numpy_ref <- conformance; torch_impl and jax_impl depend on spec only (and spec has no numerics)."""
-    bad = [f"{p.relative_to(ROOT)} imports {sorted(_imports(p) & forbidden)}"
-           for p in sorted((ROOT / package).rglob("*.py")) if _imports(p) & forbidden]
+    bad = [
+        f"{p.relative_to(ROOT)} imports {sorted(_imports(p) & forbidden)}"
+        for p in sorted((ROOT / package).rglob("*.py"))
+        if _imports(p) & forbidden
+    ]
     assert not bad, "\n".join(bad)
 
 
@@ -123,5 +129,8 @@ def _smallest_fields(cls) -> dict:
     """Constructor arguments for a scheme's required fields (small positive ints)."""
     import dataclasses
 
-    return {f.name: 2 for f in dataclasses.fields(cls)
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    return {
+        f.name: 2
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    }

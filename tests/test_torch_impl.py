@@ -24,8 +24,9 @@ from conformance.adapters.torch_impl_adapter import TorchImplAdapter  # noqa: E4
 from spec import AttentionSpec, Huang, Shaw  # noqa: E402
 from torch_impl.kernels import Tiles, tiles  # noqa: E402
 
-CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
-                                                     reason="no CUDA device present on this machine"))
+CUDA = pytest.param(
+    "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device present on this machine")
+)
 DEVICES = ["cpu", CUDA]
 
 
@@ -88,8 +89,9 @@ def test_self_attention_defaults_key_and_value():
     spec = AttentionSpec(2, 3, relative=Huang(4))
     call = random_call(1, spec=spec, cross=False)
     params, q, _, _, _ = tensors(call)
-    np.testing.assert_allclose(torch_impl.attention(spec, params, q).numpy(),
-                               numpy_ref.attention(spec, call.params, call.query), atol=1e-12)
+    np.testing.assert_allclose(
+        torch_impl.attention(spec, params, q).numpy(), numpy_ref.attention(spec, call.params, call.query), atol=1e-12
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -99,8 +101,9 @@ def test_16_bit_and_float32_stay_in_their_dtype(dtype):
     x = torch.randn(2, 6, 8, dtype=dtype)
     out, w = m(x, return_weights=True)
     assert out.dtype == dtype and w.dtype == dtype
-    ref = numpy_ref.attention(spec, {n: a.astype(np.float64) for n, a in m.canonical_params().items()},
-                              x.float().numpy().astype(np.float64))
+    ref = numpy_ref.attention(
+        spec, {n: a.astype(np.float64) for n, a in m.canonical_params().items()}, x.float().numpy().astype(np.float64)
+    )
     tol = {torch.float32: 1e-5, torch.bfloat16: 5e-2, torch.float16: 5e-3}[dtype]
     np.testing.assert_allclose(out.float().detach().numpy(), ref, atol=tol)
 
@@ -138,14 +141,23 @@ def test_default_tiles_at_a_length_that_splits_them_match_the_reference(relative
     rng = np.random.default_rng(2)
     x, keep = rng.normal(size=(1, 300, 4)), rng.random((1, 1, 300, 300)) < 0.75  # keep: the explicit path
     assert tiles.CPU_QUERY_ROWS < 300
-    got, w = torch_impl.attention(spec, {n: torch.as_tensor(a) for n, a in params.items()}, torch.as_tensor(x),
-                                  dropout_keep=torch.as_tensor(keep), return_weights=True)
+    got, w = torch_impl.attention(
+        spec,
+        {n: torch.as_tensor(a) for n, a in params.items()},
+        torch.as_tensor(x),
+        dropout_keep=torch.as_tensor(keep),
+        return_weights=True,
+    )
     ref, ref_w = numpy_ref.attention(spec, params, x, dropout_keep=keep, return_weights=True)
     np.testing.assert_allclose(got.numpy(), ref, rtol=0, atol=1e-12)
     np.testing.assert_allclose(w.numpy(), ref_w, rtol=0, atol=1e-12)
     with torch.no_grad():  # no weights returned, no gradient recorded: reused tile buffers
-        again = torch_impl.attention(spec, {n: torch.as_tensor(a) for n, a in params.items()}, torch.as_tensor(x),
-                                     dropout_keep=torch.as_tensor(keep))
+        again = torch_impl.attention(
+            spec,
+            {n: torch.as_tensor(a) for n, a in params.items()},
+            torch.as_tensor(x),
+            dropout_keep=torch.as_tensor(keep),
+        )
     np.testing.assert_allclose(again.numpy(), ref, rtol=0, atol=1e-12)
 
 
@@ -154,8 +166,9 @@ def test_module_matches_functional_and_reference():
     ref_params = numpy_ref.init_params(spec, 3)
     m = torch_impl.MultiHeadAttention(spec, dtype=torch.float64).load_canonical(ref_params)
     x = np.random.default_rng(0).normal(size=(2, 7, 6))
-    np.testing.assert_allclose(m(torch.as_tensor(x)).detach().numpy(), numpy_ref.attention(spec, ref_params, x),
-                               atol=1e-12)
+    np.testing.assert_allclose(
+        m(torch.as_tensor(x)).detach().numpy(), numpy_ref.attention(spec, ref_params, x), atol=1e-12
+    )
 
 
 def test_training_mode_draws_dropout_from_the_torch_rng_and_eval_has_none():
@@ -179,17 +192,32 @@ def test_load_canonical_refuses_silent_casts_and_bad_entries():
     spec = AttentionSpec(2, 3)
     m = torch_impl.MultiHeadAttention(spec)  # float32
     params64 = numpy_ref.init_params(spec, 0)
-    with pytest.raises(TypeError, match=re.escape("params: expected arrays of the module's dtype torch.float32 "
-                                                  "(cast them explicitly first), got dtype float64")):
+    with pytest.raises(
+        TypeError,
+        match=re.escape(
+            "params: expected arrays of the module's dtype torch.float32 "
+            "(cast them explicitly first), got dtype float64"
+        ),
+    ):
         m.load_canonical(params64)
     params32 = {n: a.astype(np.float32) for n, a in params64.items()}
     params32.pop("bo")
     # the wording of the functional entry point (spec.validation.check_params, PARAM-2)
-    with pytest.raises(ValueError, match=re.escape("params: expected entries ['wq', 'wk', 'wv', 'wo', 'bq', 'bk', "
-                                                   "'bv', 'bo'] for this spec, got missing ['bo']")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "params: expected entries ['wq', 'wk', 'wv', 'wo', 'bq', 'bk', "
+            "'bv', 'bo'] for this spec, got missing ['bo']"
+        ),
+    ):
         m.load_canonical(params32)
-    with pytest.raises(ValueError, match=re.escape("params: expected entries ['wq', 'wk', 'wv', 'wo', 'bq', 'bk', "
-                                                   "'bv', 'bo'] for this spec (no others), got unexpected ['rel_k']")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "params: expected entries ['wq', 'wk', 'wv', 'wo', 'bq', 'bk', "
+            "'bv', 'bo'] for this spec (no others), got unexpected ['rel_k']"
+        ),
+    ):
         m.load_canonical({**params64, "rel_k": np.zeros((3, 3))})
     with pytest.raises(ValueError, match=re.escape("params['wq']: expected shape (6, 6), got (6, 3)")):
         m.load_canonical({**params64, "wq": params64["wq"][:, :3]})
@@ -226,8 +254,9 @@ def test_from_torch_mha_of_a_fresh_module():
 
 
 def test_interop_rejects_what_it_cannot_express():
-    with pytest.raises(ValueError, match=re.escape("spec.relative: expected None (nn.MultiheadAttention cannot "
-                                                   "express it), got Shaw(")):
+    with pytest.raises(
+        ValueError, match=re.escape("spec.relative: expected None (nn.MultiheadAttention cannot express it), got Shaw(")
+    ):
         torch_impl.to_torch_mha(AttentionSpec(2, 2, relative=Shaw(1)), {})
     with pytest.raises(ValueError, match=re.escape("module: expected no add_bias_kv / add_zero_attn")):
         torch_impl.from_torch_mha(torch.nn.MultiheadAttention(4, 2, add_bias_kv=True))
@@ -246,8 +275,11 @@ def test_torch_compile_matches_eager_on_cpu(relative):
     np.testing.assert_allclose(compiled(x, mask=mask).detach().numpy(), m(x, mask=mask).detach().numpy(), atol=1e-5)
     # two query tiles, no gradient recorded (outside compile the tiles reuse their buffers there)
     with torch.no_grad():
-        np.testing.assert_allclose(compiled(x, implementation=Tiles(query_rows=4)).numpy(),
-                                   m(x, implementation=Tiles(query_rows=4)).numpy(), atol=1e-5)
+        np.testing.assert_allclose(
+            compiled(x, implementation=Tiles(query_rows=4)).numpy(),
+            m(x, implementation=Tiles(query_rows=4)).numpy(),
+            atol=1e-5,
+        )
 
 
 # ---------------------------------------------------------------- memory
@@ -287,26 +319,39 @@ def small():
 
 def test_bad_input_messages_match_the_reference(small):
     spec, params, x = small
-    with pytest.raises(TypeError, match=re.escape("mask: expected a boolean array (True = attend); for an additive "
-                                                  "float mask use bias=, got dtype torch.float32")):
+    with pytest.raises(
+        TypeError,
+        match=re.escape(
+            "mask: expected a boolean array (True = attend); for an additive "
+            "float mask use bias=, got dtype torch.float32"
+        ),
+    ):
         torch_impl.attention(spec, params, x, mask=torch.ones(3, 3))
-    with pytest.raises(ValueError, match=re.escape("query: expected shape (B, Lq, D) with D = model_dim = 4, "
-                                                   "got (3, 4)")):
+    with pytest.raises(
+        ValueError, match=re.escape("query: expected shape (B, Lq, D) with D = model_dim = 4, got (3, 4)")
+    ):
         torch_impl.attention(spec, params, x[0])
     with pytest.raises(ValueError, match=re.escape("dropout_keep: expected None because spec.dropout == 0")):
         torch_impl.attention(spec, params, x, dropout_keep=torch.ones(2, 2, 3, 3, dtype=torch.bool))
-    with pytest.raises(TypeError, match=re.escape("q_positions: expected an integer array of positions, got dtype "
-                                                  "torch.float32")):
+    with pytest.raises(
+        TypeError, match=re.escape("q_positions: expected an integer array of positions, got dtype torch.float32")
+    ):
         torch_impl.attention(spec, params, x, q_positions=torch.zeros(3))
 
 
 def test_no_implicit_casts(small):
     spec, params, x = small
-    with pytest.raises(TypeError, match=re.escape("key: expected the query's dtype torch.float32 (no implicit "
-                                                  "casting), got dtype torch.float64")):
+    with pytest.raises(
+        TypeError,
+        match=re.escape("key: expected the query's dtype torch.float32 (no implicit casting), got dtype torch.float64"),
+    ):
         torch_impl.attention(spec, params, x, x.double())
-    with pytest.raises(TypeError, match=re.escape("params['wq']: expected the query's dtype torch.float32 (no "
-                                                  "implicit casting), got dtype torch.float64")):
+    with pytest.raises(
+        TypeError,
+        match=re.escape(
+            "params['wq']: expected the query's dtype torch.float32 (no implicit casting), got dtype torch.float64"
+        ),
+    ):
         torch_impl.attention(spec, {**params, "wq": params["wq"].double()}, x)
     with pytest.raises(ValueError, match=re.escape("params['rel_v']: expected shape (3, 2), got (2, 3, 2)")):
         torch_impl.attention(spec, {**params, "rel_v": torch.zeros(2, 3, 2)}, x)
@@ -317,11 +362,13 @@ def test_no_implicit_casts(small):
 def test_tensors_on_another_device_are_rejected(small):
     """Checked on the meta device, so it runs without a GPU."""
     spec, params, x = small
-    with pytest.raises(ValueError, match=re.escape("mask: expected an array on the query's device cpu, got device "
-                                                   "meta")):
+    with pytest.raises(
+        ValueError, match=re.escape("mask: expected an array on the query's device cpu, got device meta")
+    ):
         torch_impl.attention(spec, params, x, mask=torch.ones(3, 3, dtype=torch.bool, device="meta"))
-    with pytest.raises(ValueError, match=re.escape("params['wq']: expected a tensor on the query's device cpu, got "
-                                                   "device meta")):
+    with pytest.raises(
+        ValueError, match=re.escape("params['wq']: expected a tensor on the query's device cpu, got device meta")
+    ):
         torch_impl.attention(spec, {**params, "wq": params["wq"].to("meta")}, x)
     with pytest.raises(TypeError, match=re.escape("mask: expected a torch.Tensor, got ndarray")):
         torch_impl.attention(spec, params, x, mask=np.ones((3, 3), bool))

@@ -42,6 +42,7 @@ TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": 
 # ---------------------------------------------------------------- the harness's budgets
 def rounded_call(call, dtype: str):
     """The call's arrays rounded to dtype, as float64 NumPy (the truth's inputs, PREC-1)."""
+
     def r(a):
         return None if a is None else np.asarray(a).astype(naive.storage_dtype(dtype)).astype(np.float64)
 
@@ -89,6 +90,7 @@ def assert_within_budget(name: str, got, goldens: dict, budgets: dict):
 
 def tensors(call, dtype=torch.float64, requires_grad=False):
     """params, query, key, value and keyword tensors of a random call, in dtype."""
+
     def t(a, float_dtype=dtype):
         a = torch.as_tensor(np.asarray(a))
         return a.to(float_dtype) if a.is_floating_point() else a
@@ -127,8 +129,9 @@ def test_kernel_matches_the_reference_in_float64(kernel, seed):
         out = torch_impl.attention(call.spec, params, q, k, v, **kw, implementation=implementation)
     assert_within_budget("out", out, goldens, budgets)
     if kernel != "sdpa":
-        out, w = torch_impl.attention(call.spec, params, q, k, v, **kw, return_weights=True,
-                                      implementation=implementation)
+        out, w = torch_impl.attention(
+            call.spec, params, q, k, v, **kw, return_weights=True, implementation=implementation
+        )
         assert_within_budget("out", out, goldens, budgets)
         assert_within_budget("weights", w, goldens, budgets)
 
@@ -148,7 +151,7 @@ def test_kernel_gradients_match_the_reference_vjp_in_float64(kernel, seed):
     got = {"query": q.grad, "key": k.grad, "value": v.grad, **{n: p.grad for n, p in params.items()}}
     if "bias" in kw:
         got["bias"] = kw["bias"].grad
-    for name in (n[len("grad/"):] for n in goldens if n.startswith("grad/")):
+    for name in (n[len("grad/") :] for n in goldens if n.startswith("grad/")):
         assert_within_budget(f"grad/{name}", got[name], goldens, budgets)
 
 
@@ -176,10 +179,13 @@ def test_the_worked_shaw_example_by_hand(kernel):
     p = {n: torch.as_tensor(a) for n, a in numpy_ref.identity_params(spec).items()}
     p["rel_k"] = torch.tensor([[0.0], [0.0], [np.log(2)]], dtype=torch.float64)
     p["rel_v"] = torch.tensor([[-1.0], [0.0], [1.0]], dtype=torch.float64)
-    out, w = torch_impl.attention(spec, p, torch.ones(1, 3, 1, dtype=torch.float64), return_weights=True,
-                                  implementation=KERNELS[kernel])
-    goldens = {"out": np.array([[[1.8], [1.25], [1 / 3]]]),
-               "weights": np.array([[[[0.2, 0.4, 0.4], [0.25, 0.25, 0.5], [1 / 3, 1 / 3, 1 / 3]]]])}
+    out, w = torch_impl.attention(
+        spec, p, torch.ones(1, 3, 1, dtype=torch.float64), return_weights=True, implementation=KERNELS[kernel]
+    )
+    goldens = {
+        "out": np.array([[[1.8], [1.25], [1 / 3]]]),
+        "weights": np.array([[[[0.2, 0.4, 0.4], [0.25, 0.25, 0.5], [1 / 3, 1 / 3, 1 / 3]]]]),
+    }
     budgets = {n: tolerance.budget(n, "float64", 0.0, tolerance.magnitude(g)) for n, g in goldens.items()}
     assert_within_budget("out", out, goldens, budgets)
     assert_within_budget("weights", w, goldens, budgets)
@@ -190,8 +196,10 @@ small_ints = st.integers(-3, 3)
 
 
 def int_array(data, shape, lo=-3, hi=3):
-    return np.array(data.draw(st.lists(st.integers(lo, hi), min_size=int(np.prod(shape)),
-                                       max_size=int(np.prod(shape)))), dtype=np.float64).reshape(shape)
+    return np.array(
+        data.draw(st.lists(st.integers(lo, hi), min_size=int(np.prod(shape)), max_size=int(np.prod(shape)))),
+        dtype=np.float64,
+    ).reshape(shape)
 
 
 def tile_delta(q0: int, T: int, Lk: int) -> np.ndarray:
@@ -200,8 +208,15 @@ def tile_delta(q0: int, T: int, Lk: int) -> np.ndarray:
 
 
 @settings(max_examples=150)
-@given(k=st.integers(0, 4), T=st.integers(1, 5), extra=st.integers(0, 2), q0=st.integers(0, 9),
-       Lk=st.integers(1, 14), into_buffer=st.booleans(), data=st.data())
+@given(
+    k=st.integers(0, 4),
+    T=st.integers(1, 5),
+    extra=st.integers(0, 2),
+    q0=st.integers(0, 9),
+    Lk=st.integers(1, 14),
+    into_buffer=st.booleans(),
+    data=st.data(),
+)
 def test_banded_shaw_key_term_is_the_plain_gather(k, T, extra, q0, Lk, into_buffer, data):
     """SHAW-2, SHAW-3: the edge broadcasts and the band of a tile are exactly the gather by clipped index."""
     r = int_array(data, (1, 2, T, 2 * k + 1))
@@ -213,8 +228,15 @@ def test_banded_shaw_key_term_is_the_plain_gather(k, T, extra, q0, Lk, into_buff
 
 
 @settings(max_examples=150)
-@given(k=st.integers(0, 4), T=st.integers(1, 5), extra=st.integers(0, 2), q0=st.integers(0, 9),
-       Lk=st.integers(1, 14), precomputed=st.booleans(), data=st.data())
+@given(
+    k=st.integers(0, 4),
+    T=st.integers(1, 5),
+    extra=st.integers(0, 2),
+    q0=st.integers(0, 9),
+    Lk=st.integers(1, 14),
+    precomputed=st.booleans(),
+    data=st.data(),
+)
 def test_banded_shaw_value_sums_are_the_plain_bucket_sums(k, T, extra, q0, Lk, precomputed, data):
     """SHAW-2, SHAW-4: the triangles, edge sums and band of a tile are exactly the scatter-add per table row."""
     w = int_array(data, (1, 2, T, Lk), 0, 8)
@@ -222,14 +244,22 @@ def test_banded_shaw_value_sums_are_the_plain_bucket_sums(k, T, extra, q0, Lk, p
     masks = band = None
     if precomputed:  # as the tiles kernel passes them: built once for the longest tile and every query
         masks = shaw.edge_masks(T + extra, torch.float64, "cpu")
-        band = shaw.value_band_index(q0 + T + extra, k, "cpu")[q0:q0 + T] if k > 0 else None
+        band = shaw.value_band_index(q0 + T + extra, k, "cpu")[q0 : q0 + T] if k > 0 else None
     got = shaw.bucket_sums_banded(torch.as_tensor(w), k, q0, masks, band)
     np.testing.assert_array_equal(got.numpy(), expected)
 
 
 @settings(max_examples=200)
-@given(M=st.integers(1, 6), T=st.integers(1, 5), q0=st.integers(0, 9), Lk=st.integers(1, 14),
-       per_head=st.booleans(), causal=st.booleans(), workspace=st.booleans(), data=st.data())
+@given(
+    M=st.integers(1, 6),
+    T=st.integers(1, 5),
+    q0=st.integers(0, 9),
+    Lk=st.integers(1, 14),
+    per_head=st.booleans(),
+    causal=st.booleans(),
+    workspace=st.booleans(),
+    data=st.data(),
+)
 @example(M=4, T=3, q0=5, Lk=7, per_head=True, causal=True, workspace=True, data=None)  # the strided read
 @example(M=4, T=3, q0=0, Lk=7, per_head=False, causal=True, workspace=True, data=None)  # zero padded
 @example(M=2, T=4, q0=6, Lk=12, per_head=False, causal=False, workspace=False, data=None)  # beyond the table
@@ -277,7 +307,7 @@ def test_tiny_tiles_cover_every_query_once_with_two_or_three_queries():
         for t in tiles:
             assert t.b.stop - t.b.start == 1 and t.h.stop - t.h.start == 1 and t.k1 == Lk
             assert t.q1 - t.q0 == rows or t.q1 == 9  # the last tile holds the remainder
-            seen[t.b, t.h, t.q0:t.q1] += 1
+            seen[t.b, t.h, t.q0 : t.q1] += 1
         assert (seen == 1).all()
     causal = TINY.grid(1, 1, 6, 6, causal_prefix=True, short_rows=True, device_type="cpu")
     assert [(t.q0, t.q1, t.k1) for t in causal[0][0]] == [(0, 2, 2), (2, 4, 4), (4, 6, 6)]  # keys up to q1
@@ -286,8 +316,12 @@ def test_tiny_tiles_cover_every_query_once_with_two_or_three_queries():
 def test_default_tiles_are_todays_sizes():
     """The default knobs: 256-query tiles on the CPU where short tiles pay, whole rows elsewhere."""
     cpu = Tiles().grid(1, 2, 1024, 1024, causal_prefix=True, short_rows=True, device_type="cpu")
-    assert [(t.q0, t.q1, t.k1) for t in cpu[0][0]] == [(0, 256, 256), (256, 512, 512), (512, 768, 768),
-                                                        (768, 1024, 1024)]
+    assert [(t.q0, t.q1, t.k1) for t in cpu[0][0]] == [
+        (0, 256, 256),
+        (256, 512, 512),
+        (512, 768, 768),
+        (768, 1024, 1024),
+    ]
     assert len(cpu) == 1 and len(cpu[0]) == 1  # both heads in each tile: 2 x 256 x 1024 <= 2^20 logits
     gpu = Tiles().grid(1, 2, 1024, 1024, causal_prefix=False, short_rows=True, device_type="cuda")
     assert [(t.q0, t.q1, t.k1) for g in gpu for h in g for t in h] == [(0, 1024, 1024)]
@@ -347,9 +381,13 @@ def shaw_layer():
 
 def test_an_unknown_kernel_name_lists_the_names(shaw_layer):
     spec, params, x = shaw_layer
-    with pytest.raises(ValueError, match=re.escape(
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
             "implementation: expected None, one of 'eager', 'sdpa', 'tiles' or a kernel object such as "
-            "torch_impl.kernels.Tiles(...), got 'flash'")):
+            "torch_impl.kernels.Tiles(...), got 'flash'"
+        ),
+    ):
         torch_impl.attention(spec, params, x, implementation="flash")
     with pytest.raises(TypeError, match=re.escape("got 3 of type int")):
         torch_impl.attention(spec, params, x, implementation=3)
@@ -357,31 +395,44 @@ def test_an_unknown_kernel_name_lists_the_names(shaw_layer):
 
 def test_sdpa_refuses_a_relative_scheme_and_names_the_kernels_that_can(shaw_layer):
     spec, params, x = shaw_layer
-    with pytest.raises(ValueError, match=re.escape(
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
             "implementation='sdpa': cannot run this call: Shaw relative terms need the key_term and value_term "
             "hooks, and sdpa calls no hook: it takes no relative scheme; kernels that can: 'eager', 'tiles' "
-            "(KERN-1: no silent fallback)")):
+            "(KERN-1: no silent fallback)"
+        ),
+    ):
         torch_impl.attention(spec, params, x, implementation="sdpa")
     m = torch_impl.MultiHeadAttention(AttentionSpec(2, 2, relative=Huang(3))).eval()
-    with pytest.raises(ValueError, match=re.escape("implementation='sdpa': cannot run this call: Huang relative "
-                                                   "terms need the key_term hook")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape("implementation='sdpa': cannot run this call: Huang relative terms need the key_term hook"),
+    ):
         m(torch.randn(1, 3, 4), implementation="sdpa")
 
 
-@pytest.mark.parametrize("case,message", [
-    ("mask_fill", "spec.mask_fill=-1000000000.0 replaces disallowed logits (MASK-6), and sdpa only gives them "
-                  "weight 0 (MASK-5); kernels that can: 'eager', 'tiles'"),
-    ("keep", "sdpa takes no dropout_keep mask (DROP-1); kernels that can: 'eager', 'tiles'"),
-    ("weights", "sdpa does not return the weights (return_weights=True); kernels that can: 'eager', 'tiles'"),
-])
+@pytest.mark.parametrize(
+    "case,message",
+    [
+        (
+            "mask_fill",
+            "spec.mask_fill=-1000000000.0 replaces disallowed logits (MASK-6), and sdpa only gives them "
+            "weight 0 (MASK-5); kernels that can: 'eager', 'tiles'",
+        ),
+        ("keep", "sdpa takes no dropout_keep mask (DROP-1); kernels that can: 'eager', 'tiles'"),
+        ("weights", "sdpa does not return the weights (return_weights=True); kernels that can: 'eager', 'tiles'"),
+    ],
+)
 def test_sdpa_refuses_what_it_cannot_compute(case, message):
     spec = AttentionSpec(2, 2, mask_fill=-1e9 if case == "mask_fill" else None, dropout=0.5)
     params = {n: torch.as_tensor(a) for n, a in numpy_ref.init_params(spec, 0).items()}
     x = torch.randn(2, 3, 4, dtype=torch.float64)
     keep = torch.ones(2, 2, 3, 3, dtype=torch.bool) if case == "keep" else None
     with pytest.raises(ValueError, match=re.escape(f"implementation='sdpa': cannot run this call: {message}")):
-        torch_impl.attention(spec, params, x, dropout_keep=keep, return_weights=case == "weights",
-                             implementation="sdpa")
+        torch_impl.attention(
+            spec, params, x, dropout_keep=keep, return_weights=case == "weights", implementation="sdpa"
+        )
 
 
 class Refusing(Tiles):
@@ -392,8 +443,13 @@ class Refusing(Tiles):
 
 
 def test_a_kernel_object_is_named_in_its_error():
-    with pytest.raises(ValueError, match=re.escape("implementation=Refusing(elements=None, query_rows=None, "
-                                                   "min_rows=16): cannot run this call: this test says no")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "implementation=Refusing(elements=None, query_rows=None, "
+            "min_rows=16): cannot run this call: this test says no"
+        ),
+    ):
         kernels.resolve(Refusing(), AttentionSpec(1, 2), plain_call())
 
 
@@ -401,8 +457,12 @@ def test_a_hook_no_kernel_calls_is_an_error_not_a_fallback():
     """KERN-1, REL-3: a scheme with a hook kind no kernel has a call site for is refused by every kernel."""
     scheme = SimpleNamespace(name="alibi", hooks=frozenset({"bias"}))
     spec = SimpleNamespace(relative=scheme, mask_fill=None)
-    with pytest.raises(ValueError, match=re.escape("implementation=None: no kernel can run this call: sdpa: "
-                                                   "SimpleNamespace relative terms need the bias hook")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "implementation=None: no kernel can run this call: sdpa: SimpleNamespace relative terms need the bias hook"
+        ),
+    ):
         kernels.resolve(None, spec, plain_call())
     with pytest.raises(ValueError, match=re.escape("and eager calls key_term, value_term; no kernel can")):
         kernels.resolve("eager", spec, plain_call())
@@ -413,9 +473,14 @@ def test_a_scheme_without_a_torch_module_is_refused_by_name():
     spec = AttentionSpec(2, 2, relative=Shaw(1))
     params = {n: torch.as_tensor(a) for n, a in numpy_ref.init_params(spec, 0).items()}
     with mock.patch.dict(schemes.REGISTRY, {"huang": huang}, clear=True):
-        with pytest.raises(ValueError, match=re.escape("spec.relative: expected a scheme torch_impl implements "
-                                                       "(one of ['huang']; add one with torch_impl.schemes."
-                                                       "register_module(name, module)), got 'shaw' (Shaw)")):
+        with pytest.raises(
+            ValueError,
+            match=re.escape(
+                "spec.relative: expected a scheme torch_impl implements "
+                "(one of ['huang']; add one with torch_impl.schemes."
+                "register_module(name, module)), got 'shaw' (Shaw)"
+            ),
+        ):
             torch_impl.attention(spec, params, torch.randn(1, 3, 4, dtype=torch.float64), implementation="eager")
 
 
@@ -424,8 +489,9 @@ def test_the_module_passes_its_kernel_through():
     ref_params = numpy_ref.init_params(spec, 1)
     m = torch_impl.MultiHeadAttention(spec, dtype=torch.float64).load_canonical(ref_params).eval()
     x = np.random.default_rng(1).normal(size=(1, 7, 6))
-    call = SimpleNamespace(spec=spec, params=ref_params, query=x, key=x, value=x, kwargs={},
-                           args=lambda: (spec, ref_params, x, x, x))
+    call = SimpleNamespace(
+        spec=spec, params=ref_params, query=x, key=x, value=x, kwargs={}, args=lambda: (spec, ref_params, x, x, x)
+    )
     goldens, budgets = truth(call)
     for implementation in ("eager", "tiles", TINY, None):
         assert_within_budget("out", m(torch.as_tensor(x), implementation=implementation), goldens, budgets)

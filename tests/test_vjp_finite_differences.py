@@ -7,12 +7,12 @@ returned gradient on hand-picked configurations, and directional differences
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from _random_calls import random_call
+from hypothesis import given
+from hypothesis import strategies as st
 
 import numpy_ref
 from spec import AttentionSpec, Huang, Shaw
-
-from _random_calls import random_call
 
 EPS = 1e-6
 
@@ -82,8 +82,9 @@ def test_every_gradient_entry(name):
             plus, minus = arr.copy(), arr.copy()
             plus[idx] += EPS
             minus[idx] -= EPS
-            fd[idx] = (objective(call, kwargs, g, {arg_name: plus})
-                       - objective(call, kwargs, g, {arg_name: minus})) / (2 * EPS)
+            fd[idx] = (objective(call, kwargs, g, {arg_name: plus}) - objective(call, kwargs, g, {arg_name: minus})) / (
+                2 * EPS
+            )
         assert grads[arg_name].shape == arr.shape, arg_name
         np.testing.assert_allclose(grads[arg_name], fd, rtol=1e-6, atol=1e-7, err_msg=arg_name)
 

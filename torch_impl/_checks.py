@@ -35,8 +35,8 @@ def describe(name: str, x) -> Optional[ArrayInfo]:
     return ArrayInfo(tuple(x.shape), kind(x.dtype), str(x.dtype), str(x.device))
 
 
-def check(spec: AttentionSpec, params, query, key, value, mask, bias, q_positions, k_positions,
-          dropout_keep) -> Dims:
+def check(spec: AttentionSpec, params, query, key, value, mask, bias, q_positions, k_positions, dropout_keep) -> Dims:
     """INPUT-1 at ``torch_impl.attention``: shapes, dtypes, devices; no implicit casts."""
-    return check_arguments(spec, describe, params, query, key, value, mask, bias, q_positions, k_positions,
-                           dropout_keep)
+    return check_arguments(
+        spec, describe, params, query, key, value, mask, bias, q_positions, k_positions, dropout_keep
+    )

@@ -103,8 +103,9 @@ def positions(p: Optional[torch.Tensor], L: int, device) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------- allowed keys and the softmax
-def allowed_keys(causal_delta: Optional[torch.Tensor], mask: Optional[torch.Tensor],
-                 bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+def allowed_keys(
+    causal_delta: Optional[torch.Tensor], mask: Optional[torch.Tensor], bias: Optional[torch.Tensor]
+) -> Optional[torch.Tensor]:
     """MASK-4: mask AND causal AND bias != -inf (MASK-2, BIAS-2), at the broadcast shape; None when all allowed.
 
     ``causal_delta``: delta (1|B, Lq, Lk) under a causal spec, where key j is
@@ -122,8 +123,12 @@ def dead_keys(allowed: torch.Tensor, B: int, Lk: int) -> torch.Tensor:
     return ~as_4d(allowed).any(dim=2).any(dim=1).expand(B, Lk)
 
 
-def masked_softmax(logits: torch.Tensor, allowed: Optional[torch.Tensor], mask_fill: Optional[float],
-                   out: Optional[torch.Tensor] = None) -> torch.Tensor:
+def masked_softmax(
+    logits: torch.Tensor,
+    allowed: Optional[torch.Tensor],
+    mask_fill: Optional[float],
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
     """SOFTMAX-1 over the keys, with MASK-5 (``mask_fill`` None) or MASK-6 (a float).
 
     logits (..., Lq, Lk); ``allowed`` broadcastable to them, or None when

@@ -25,9 +25,21 @@ from . import _checks, _core, kernels, schemes
 from .kernels import eager, sdpa, tiles
 
 
-def attention(spec: AttentionSpec, params: dict, query: torch.Tensor, key: Optional[torch.Tensor] = None,
-              value: Optional[torch.Tensor] = None, *, mask=None, bias=None, q_positions=None,
-              k_positions=None, dropout_keep=None, return_weights: bool = False, implementation=None):
+def attention(
+    spec: AttentionSpec,
+    params: dict,
+    query: torch.Tensor,
+    key: Optional[torch.Tensor] = None,
+    value: Optional[torch.Tensor] = None,
+    *,
+    mask=None,
+    bias=None,
+    q_positions=None,
+    k_positions=None,
+    dropout_keep=None,
+    return_weights: bool = False,
+    implementation=None,
+):
     """Multi-head attention (spec/attention.md) over tensors; autograd through everything.
 
     Args:
@@ -50,9 +62,19 @@ def attention(spec: AttentionSpec, params: dict, query: torch.Tensor, key: Optio
     B, Lq, Lk = _checks.check(spec, params, query, key, value, mask, bias, q_positions, k_positions, dropout_keep)
     if spec.relative is not None:
         schemes.module_for(spec.relative)  # REL-4: a scheme without a torch_impl module is an error here
-    call = _core.Call(B, Lq, Lk, query.device, mask=mask, bias=bias, q_positions=q_positions,
-                      k_positions=k_positions, dropout_keep=dropout_keep, return_weights=return_weights,
-                      causal=spec.causal)
+    call = _core.Call(
+        B,
+        Lq,
+        Lk,
+        query.device,
+        mask=mask,
+        bias=bias,
+        q_positions=q_positions,
+        k_positions=k_positions,
+        dropout_keep=dropout_keep,
+        return_weights=return_weights,
+        causal=spec.causal,
+    )
     kernel = kernels.resolve(implementation, spec, call)  # KERN-1
     key = query if key is None else key
     value = key if value is None else value

@@ -28,17 +28,19 @@ def unpack(in_proj_weight, in_proj_bias, out_proj_weight, out_proj_bias) -> dict
     """
     D = out_proj_weight.shape[0]
     w = in_proj_weight
-    params = {"wq": w[:D].T, "wk": w[D:2 * D].T, "wv": w[2 * D:].T, "wo": out_proj_weight.T}
+    params = {"wq": w[:D].T, "wk": w[D : 2 * D].T, "wv": w[2 * D :].T, "wo": out_proj_weight.T}
     if in_proj_bias is not None:
         b = in_proj_bias
-        params.update(bq=b[:D], bk=b[D:2 * D], bv=b[2 * D:], bo=out_proj_bias)
+        params.update(bq=b[:D], bk=b[D : 2 * D], bv=b[2 * D :], bo=out_proj_bias)
     return params
 
 
 def pack(params: dict) -> dict:
     """The inverse of ``unpack`` for tensors: nn.MultiheadAttention's parameter names -> tensors."""
-    packed = {"in_proj_weight": torch.cat([params["wq"].T, params["wk"].T, params["wv"].T]),
-              "out_proj.weight": params["wo"].T}
+    packed = {
+        "in_proj_weight": torch.cat([params["wq"].T, params["wk"].T, params["wv"].T]),
+        "out_proj.weight": params["wo"].T,
+    }
     if "bq" in params:
         packed["in_proj_bias"] = torch.cat([params["bq"], params["bk"], params["bv"]])
         packed["out_proj.bias"] = params["bo"]
@@ -47,13 +49,15 @@ def pack(params: dict) -> dict:
 
 def canonical_of(module: nn.MultiheadAttention, grad: bool = False) -> dict:
     """The canonical parameters of a module (with ``grad``: their gradients) as NumPy arrays, exactly."""
+
     def get(t):
         if t is None:
             return None
         return to_numpy(t.grad if grad else t)
 
-    packed = unpack(get(module.in_proj_weight), get(module.in_proj_bias), get(module.out_proj.weight),
-                    get(module.out_proj.bias))
+    packed = unpack(
+        get(module.in_proj_weight), get(module.in_proj_bias), get(module.out_proj.weight), get(module.out_proj.bias)
+    )
     return {n: a.copy() for n, a in packed.items()}  # C-contiguous copies of the transposed views
 
 
@@ -62,11 +66,13 @@ def from_torch_mha(module: nn.MultiheadAttention):
     if not isinstance(module, nn.MultiheadAttention):
         raise TypeError(f"module: expected a torch.nn.MultiheadAttention, got {type(module).__name__}")
     if module.bias_k is not None or module.add_zero_attn:
-        raise fail_value("module", "no add_bias_kv / add_zero_attn (attnspec has no extra key/value rows)",
-                         "a module that uses them")
+        raise fail_value(
+            "module", "no add_bias_kv / add_zero_attn (attnspec has no extra key/value rows)", "a module that uses them"
+        )
     if not module._qkv_same_embed_dim:
-        raise fail_value("module", "kdim == vdim == embed_dim (one packed in_proj_weight)",
-                         f"kdim={module.kdim}, vdim={module.vdim}")
+        raise fail_value(
+            "module", "kdim == vdim == embed_dim (one packed in_proj_weight)", f"kdim={module.kdim}, vdim={module.vdim}"
+        )
     D, H = module.embed_dim, module.num_heads
     spec = AttentionSpec(num_heads=H, head_dim=D // H, bias=module.in_proj_bias is not None)
     return spec, canonical_of(module)
@@ -85,8 +91,7 @@ def to_torch_mha(spec: AttentionSpec, params: dict, device=None) -> nn.Multihead
     wq = params["wq"]
     dtype = wq.dtype if isinstance(wq, torch.Tensor) else _DTYPES[wq.dtype.name]
     D, H = spec.model_dim, spec.num_heads
-    m = nn.MultiheadAttention(D, H, bias=spec.bias, batch_first=True, dropout=spec.dropout, device=device,
-                              dtype=dtype)
+    m = nn.MultiheadAttention(D, H, bias=spec.bias, batch_first=True, dropout=spec.dropout, device=device, dtype=dtype)
     t = {n: from_numpy(a, dtype, m.in_proj_weight.device) for n, a in params.items()}
     targets = dict(m.named_parameters())
     with torch.no_grad():

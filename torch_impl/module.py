@@ -26,8 +26,10 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
         try:
             import ml_dtypes
         except ImportError:
-            raise TypeError("bfloat16 parameters: expected ml_dtypes to be installed to export them to NumPy "
-                            "exactly (pip install ml_dtypes)") from None
+            raise TypeError(
+                "bfloat16 parameters: expected ml_dtypes to be installed to export them to NumPy "
+                "exactly (pip install ml_dtypes)"
+            ) from None
         return np.ascontiguousarray(t.float().numpy().astype(ml_dtypes.bfloat16))
     return np.array(t.numpy(), order="C", copy=True)
 
@@ -140,19 +142,39 @@ class MultiHeadAttention(nn.Module):
         """The parameters in the canonical layout as NumPy arrays, exactly (PARAM-3)."""
         return {n: to_numpy(t) for n, t in self.params().items()}
 
-    def forward(self, query, key=None, value=None, *, mask=None, bias=None, q_positions=None,
-                k_positions=None, dropout_keep=None, return_weights: bool = False, implementation=None):
+    def forward(
+        self,
+        query,
+        key=None,
+        value=None,
+        *,
+        mask=None,
+        bias=None,
+        q_positions=None,
+        k_positions=None,
+        dropout_keep=None,
+        return_weights: bool = False,
+        implementation=None,
+    ):
         if dropout_keep is None and self.training and self.spec.dropout > 0:
             B, Lq, _ = query.shape
             Lk = (query if key is None else key).shape[1]
             shape = (B, self.spec.num_heads, Lq, Lk)
             dropout_keep = torch.rand(shape, device=query.device) >= self.spec.dropout
-        return functional.attention(self.spec, self.params(), query, key, value, mask=mask, bias=bias,
-                                    q_positions=q_positions, k_positions=k_positions,
-                                    dropout_keep=dropout_keep, return_weights=return_weights,
-                                    implementation=implementation)
+        return functional.attention(
+            self.spec,
+            self.params(),
+            query,
+            key,
+            value,
+            mask=mask,
+            bias=bias,
+            q_positions=q_positions,
+            k_positions=k_positions,
+            dropout_keep=dropout_keep,
+            return_weights=return_weights,
+            implementation=implementation,
+        )
 
     def extra_repr(self) -> str:
         return repr(self.spec)
-
-

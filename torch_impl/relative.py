@@ -12,6 +12,18 @@ from .schemes.shaw import key_band_index as shaw_band_index
 from .schemes.shaw import key_term_banded as shaw_key_term_banded
 from .schemes.shaw import value_band_index as band_index
 
-__all__ = ["band_index", "bucket_sums", "bucket_sums_banded", "distance_rows", "edge_masks", "gather_rows",
-           "huang_index", "huang_skew_term", "rows_logits", "shaw_band_index", "shaw_index", "shaw_key_term_banded",
-           "skew"]
+__all__ = [
+    "band_index",
+    "bucket_sums",
+    "bucket_sums_banded",
+    "distance_rows",
+    "edge_masks",
+    "gather_rows",
+    "huang_index",
+    "huang_skew_term",
+    "rows_logits",
+    "shaw_band_index",
+    "shaw_index",
+    "shaw_key_term_banded",
+    "skew",
+]

@@ -65,16 +65,14 @@ def load_adapter(name: str) -> Adapter:
     if name.startswith("mutant/"):
         from ..mutants import MUTANTS
 
-        if name[len("mutant/"):] not in MUTANTS:
+        if name[len("mutant/") :] not in MUTANTS:
             raise AdapterError(f"adapter {name!r}: expected one of mutant/{', mutant/'.join(MUTANTS)}")
-        return MUTANTS[name[len("mutant/"):]]()
+        return MUTANTS[name[len("mutant/") :]]()
     target = BUILTIN.get(name) or entry_points().get(name)
     # "torch:nope" is a mistyped kernel adapter name (prefix of a built-in one), not module:Class
     if target is None and (":" not in name or name.partition(":")[0] in BUILTIN):
-        raise AdapterError(f"unknown adapter {name!r}: expected one of {', '.join(available_names())} "
-                           "or module:Class")
+        raise AdapterError(f"unknown adapter {name!r}: expected one of {', '.join(available_names())} or module:Class")
     return _load_spec(target or name)()
 
 
-__all__ = ["Adapter", "Capabilities", "BUILTIN", "load_adapter", "available_names", "AdapterError",
-           "ENTRY_POINT_GROUP"]
+__all__ = ["Adapter", "Capabilities", "BUILTIN", "load_adapter", "available_names", "AdapterError", "ENTRY_POINT_GROUP"]

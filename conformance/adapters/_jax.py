@@ -14,8 +14,8 @@ from .base import Adapter
 
 def jax_available():
     try:
-        import jax  # noqa: F401
         import flax  # noqa: F401
+        import jax  # noqa: F401
     except ImportError as e:
         return f"jax / flax are not installed ({e}); pip install attnspec[jax]"
     return None
@@ -51,8 +51,12 @@ def setup() -> dict:
         jax.config.update("jax_compilation_cache_dir", _compilation_cache())
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    return {"jax": jax.__version__, "jax_enable_x64": True, "default_matmul_precision": "highest",
-            "backend": jax.default_backend()}
+    return {
+        "jax": jax.__version__,
+        "jax_enable_x64": True,
+        "default_matmul_precision": "highest",
+        "backend": jax.default_backend(),
+    }
 
 
 def devices() -> tuple:
@@ -62,7 +66,7 @@ def devices() -> tuple:
 
 
 def matmul_precision(dtype_name: str):
-    """"highest" (full float32 products, no bf16 passes) for float32 / float64;
+    """ "highest" (full float32 products, no bf16 passes) for float32 / float64;
     the 16-bit types have no such setting on every backend."""
     return "highest" if dtype_name in ("float32", "float64") else None
 

@@ -28,15 +28,20 @@ def pin_numerics() -> dict:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")
-    return {"torch": torch.__version__, "allow_tf32": False, "float32_matmul_precision": "highest",
-            "cuda": torch.version.cuda if torch.cuda.is_available() else None}
+    return {
+        "torch": torch.__version__,
+        "allow_tf32": False,
+        "float32_matmul_precision": "highest",
+        "cuda": torch.version.cuda if torch.cuda.is_available() else None,
+    }
 
 
 def dtype_of(a: np.ndarray):
     import torch
 
-    return {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
-            "bfloat16": torch.bfloat16}[a.dtype.name]
+    return {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[
+        a.dtype.name
+    ]
 
 
 def to_torch(a, device: str, requires_grad: bool = False):

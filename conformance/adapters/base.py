@@ -35,11 +35,26 @@ from typing import ClassVar, Optional
 
 import numpy as np
 
-FEATURES = frozenset({
-    "cross-attention", "custom-scale", "no-projection-bias", "causal", "mask", "bias", "positions",
-    "mask-fill", "dropout-spec", "dropout-keep", "shaw", "shaw-values", "huang", "per-head-tables",
-    "unscaled-relative", "validates-input",
-})
+FEATURES = frozenset(
+    {
+        "cross-attention",
+        "custom-scale",
+        "no-projection-bias",
+        "causal",
+        "mask",
+        "bias",
+        "positions",
+        "mask-fill",
+        "dropout-spec",
+        "dropout-keep",
+        "shaw",
+        "shaw-values",
+        "huang",
+        "per-head-tables",
+        "unscaled-relative",
+        "validates-input",
+    }
+)
 DTYPES = ("float64", "float32", "bfloat16", "float16")
 
 

@@ -26,10 +26,19 @@ def to_module(spec, params: dict):
     D, H = spec.model_dim, spec.num_heads
     dtype = np.asarray(params["wq"]).dtype
     highest = _jax.matmul_precision(dtype.name) == "highest"
-    m = nnx.MultiHeadAttention(num_heads=H, in_features=D, qkv_features=D, out_features=D, use_bias=spec.bias,
-                               dtype=dtype, param_dtype=dtype,
-                               precision=jax.lax.Precision.HIGHEST if highest else None,
-                               decode=False, deterministic=True, rngs=nnx.Rngs(0))
+    m = nnx.MultiHeadAttention(
+        num_heads=H,
+        in_features=D,
+        qkv_features=D,
+        out_features=D,
+        use_bias=spec.bias,
+        dtype=dtype,
+        param_dtype=dtype,
+        precision=jax.lax.Precision.HIGHEST if highest else None,
+        decode=False,
+        deterministic=True,
+        rngs=nnx.Rngs(0),
+    )
     canonical_arrays = {n: np.asarray(params[n]) for n in interop.flax_layout(spec)}
     for n, a in interop.to_flax_layout(spec, canonical_arrays).items():  # the one layout map (jax_impl.interop)
         attr, slot = interop.FLAX_SLOTS[n]
@@ -41,14 +50,19 @@ def canonical(spec, kernels: dict) -> dict:
     """Canonical names from {attr: {"kernel": .., "bias": ..}} (module state or its gradient)."""
     from jax_impl import interop
 
-    arrays = {n: np.asarray(kernels[attr][slot]) for n, (attr, slot) in interop.FLAX_SLOTS.items()
-              if n in interop.flax_layout(spec)}
+    arrays = {
+        n: np.asarray(kernels[attr][slot])
+        for n, (attr, slot) in interop.FLAX_SLOTS.items()
+        if n in interop.flax_layout(spec)
+    }
     return interop.from_flax_layout(spec, arrays)
 
 
 def _state_arrays(state) -> dict:
-    return {attr: {name: v.get_value() for name, v in state[attr].items() if name in ("kernel", "bias")}
-            for attr in ("query", "key", "value", "out")}
+    return {
+        attr: {name: v.get_value() for name, v in state[attr].items() if name in ("kernel", "bias")}
+        for attr in ("query", "key", "value", "out")
+    }
 
 
 class FlaxMHAAdapter(_jax.JaxAdapter):
@@ -62,10 +76,15 @@ class FlaxMHAAdapter(_jax.JaxAdapter):
             features=frozenset({"cross-attention", "no-projection-bias", "causal", "mask", "dropout-spec"}),
             weights=False,
             unsupported=_jax.UNSUPPORTED,
-            notes={"custom-scale": "the query is divided by sqrt(head_dim)", "bias": "no additive bias input",
-                   "positions": "no position input", "shaw": "no relative positions",
-                   "huang": "no relative positions", "mask-fill": "its own fill value",
-                   "dropout-keep": "dropout from its Rngs"},
+            notes={
+                "custom-scale": "the query is divided by sqrt(head_dim)",
+                "bias": "no additive bias input",
+                "positions": "no position input",
+                "shaw": "no relative positions",
+                "huang": "no relative positions",
+                "mask-fill": "its own fill value",
+                "dropout-keep": "dropout from its Rngs",
+            },
         )
 
     def extra_environment(self):
@@ -97,7 +116,9 @@ class FlaxMHAAdapter(_jax.JaxAdapter):
         graphdef, state = nnx.split(to_module(spec, params))
         x, key, value = self._xkv(inputs, device)
         has_mask = bool(spec.causal or inputs.get("mask") is not None)
-        mask = _jax.allowed_mask(spec, inputs, x.shape[0], spec.num_heads, x.shape[1], key.shape[1]) if has_mask else None
+        mask = (
+            _jax.allowed_mask(spec, inputs, x.shape[0], spec.num_heads, x.shape[1], key.shape[1]) if has_mask else None
+        )
         fwd_vjp = self._compiled(graphdef, has_mask)
         return fwd_vjp, (jax.device_put(state, _jax.device_of(device)), x, key, value, mask)
 

@@ -31,14 +31,23 @@ class JaxImplAdapter(_jax.JaxAdapter):
     def _compiled(spec, precision, implementation):
         """(out, weights, grads) = f(params, diff_inputs, other_inputs, grad_out), jitted per spec."""
         import jax
+
         import jax_impl
 
         def fwd_vjp(params, diff, other, g, omitted):
             def f(params, diff):
                 with jax.default_matmul_precision(precision):
-                    return jax_impl.attention(spec, params, diff["query"], diff.get("key"), diff.get("value"),
-                                              bias=diff.get("bias"), **other, return_weights=True,
-                                              implementation=implementation)
+                    return jax_impl.attention(
+                        spec,
+                        params,
+                        diff["query"],
+                        diff.get("key"),
+                        diff.get("value"),
+                        bias=diff.get("bias"),
+                        **other,
+                        return_weights=True,
+                        implementation=implementation,
+                    )
 
             out, pullback, weights = jax.vjp(f, params, diff, has_aux=True)
             if omitted:

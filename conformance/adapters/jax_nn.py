@@ -25,13 +25,18 @@ class JaxNNAdapter(_jax.JaxAdapter):
         self.environment()
         return Capabilities(
             devices=_jax.devices(),
-            features=frozenset({"cross-attention", "custom-scale", "no-projection-bias", "causal", "mask", "bias",
-                                "dropout-spec"}),
+            features=frozenset(
+                {"cross-attention", "custom-scale", "no-projection-bias", "causal", "mask", "bias", "dropout-spec"}
+            ),
             weights=False,
             unsupported=_jax.UNSUPPORTED,
-            notes={"positions": "no position input; is_causal is top-left", "shaw": "no relative positions",
-                   "huang": "no relative positions", "mask-fill": "its own fill value",
-                   "dropout-keep": "no dropout"},
+            notes={
+                "positions": "no position input; is_causal is top-left",
+                "shaw": "no relative positions",
+                "huang": "no relative positions",
+                "mask-fill": "its own fill value",
+                "dropout-keep": "no dropout",
+            },
         )
 
     @staticmethod
@@ -50,6 +55,7 @@ class JaxNNAdapter(_jax.JaxAdapter):
             B, Lq, D = x.shape
             Lk = key.shape[1]
             with jax.default_matmul_precision(precision):
+
                 def proj(a, w, b):
                     y = a @ t[w]
                     return (y + t[b] if b in t else y).reshape(B, -1, H, d)  # (B, L, N, H)
@@ -58,8 +64,9 @@ class JaxNNAdapter(_jax.JaxAdapter):
                 bias = t.get("bias")
                 if bias is not None:
                     bias = jnp.broadcast_to(bias, (B, H, Lq, Lk))
-                o = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=spec.effective_scale,
-                                                 is_causal=spec.causal and not has_mask)
+                o = jax.nn.dot_product_attention(
+                    q, k, v, bias=bias, mask=mask, scale=spec.effective_scale, is_causal=spec.causal and not has_mask
+                )
                 out = o.reshape(B, Lq, D) @ t["wo"]
                 return out + t["bo"] if "bo" in t else out
 
@@ -88,8 +95,7 @@ class JaxNNAdapter(_jax.JaxAdapter):
         # forward and vjp share one compiled function per shape.
         inputs = {"key": inputs["query"], **inputs}
         inputs.setdefault("value", inputs["key"])
-        return {n: _jax.to_jax(a, device) for n, a in {**params, **inputs}.items()
-                if n in DENSE or n in params}
+        return {n: _jax.to_jax(a, device) for n, a in {**params, **inputs}.items() if n in DENSE or n in params}
 
     def forward(self, spec, params, inputs, *, device, need_weights):
         fwd_vjp = self._compiled(*self._key(spec, inputs, device))
@@ -100,5 +106,7 @@ class JaxNNAdapter(_jax.JaxAdapter):
 
     def vjp(self, spec, params, inputs, grad_out, *, device):
         fwd_vjp = self._compiled(*self._key(spec, inputs, device))
-        _, grads = fwd_vjp(self._leaves(params, inputs, device), self._mask(spec, inputs), _jax.to_jax(grad_out, device))
+        _, grads = fwd_vjp(
+            self._leaves(params, inputs, device), self._mask(spec, inputs), _jax.to_jax(grad_out, device)
+        )
         return {n: _jax.to_numpy(g) for n, g in grads.items()}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 import numpy_ref
+
 from .base import Adapter, Capabilities
 
 KWARGS = ("mask", "bias", "q_positions", "k_positions", "dropout_keep")
@@ -23,8 +24,9 @@ class NumpyRefAdapter(Adapter):
 
     def forward(self, spec, params, inputs, *, device, need_weights):
         kw = {n: inputs[n] for n in KWARGS if n in inputs}
-        out, w = numpy_ref.attention(spec, params, inputs["query"], inputs.get("key"), inputs.get("value"),
-                                     **kw, return_weights=True)
+        out, w = numpy_ref.attention(
+            spec, params, inputs["query"], inputs.get("key"), inputs.get("value"), **kw, return_weights=True
+        )
         return {"out": out, "weights": w} if need_weights else {"out": out}
 
     def vjp(self, spec, params, inputs, grad_out, *, device):

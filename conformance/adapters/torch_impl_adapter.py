@@ -27,12 +27,22 @@ class TorchImplAdapter(_torch.TorchAdapter):
     def _call(self, spec, params, inputs, device, requires_grad, need_weights):
         import torch_impl
 
-        t = {n: _torch.to_torch(a, device, requires_grad and n in (*DENSE, *params))
-             for n, a in {**params, **inputs}.items()}
+        t = {
+            n: _torch.to_torch(a, device, requires_grad and n in (*DENSE, *params))
+            for n, a in {**params, **inputs}.items()
+        }
         p = {n: t[n] for n in params}
         kw = {n: t[n] for n in KWARGS if n in t}
-        result = torch_impl.attention(spec, p, t["query"], t.get("key"), t.get("value"), **kw,
-                                      return_weights=need_weights, implementation=self.implementation)
+        result = torch_impl.attention(
+            spec,
+            p,
+            t["query"],
+            t.get("key"),
+            t.get("value"),
+            **kw,
+            return_weights=need_weights,
+            implementation=self.implementation,
+        )
         return t, result
 
     def forward(self, spec, params, inputs, *, device, need_weights):
@@ -87,5 +97,6 @@ class TorchSDPAKernelAdapter(TorchImplAdapter):
     implementation = "sdpa"
 
     def capabilities(self):
-        return Capabilities(devices=_torch.devices(), features=FEATURES - set(SDPA_MISSING), weights=False,
-                            notes=dict(SDPA_MISSING))
+        return Capabilities(
+            devices=_torch.devices(), features=FEATURES - set(SDPA_MISSING), weights=False, notes=dict(SDPA_MISSING)
+        )

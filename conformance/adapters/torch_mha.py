@@ -42,9 +42,14 @@ class TorchMHAAdapter(_torch.TorchAdapter):
         return Capabilities(
             devices=_torch.devices(),
             features=frozenset({"cross-attention", "no-projection-bias", "causal", "mask", "bias", "dropout-spec"}),
-            notes={"custom-scale": "the scale is fixed at 1/sqrt(head_dim)", "positions": "no position input",
-                   "shaw": "no relative positions", "huang": "no relative positions",
-                   "mask-fill": "masked logits are -inf", "dropout-keep": "dropout uses its own RNG"},
+            notes={
+                "custom-scale": "the scale is fixed at 1/sqrt(head_dim)",
+                "positions": "no position input",
+                "shaw": "no relative positions",
+                "huang": "no relative positions",
+                "mask-fill": "masked logits are -inf",
+                "dropout-keep": "dropout uses its own RNG",
+            },
         )
 
     def _run(self, spec, m, inputs, device, leaves):
@@ -78,8 +83,11 @@ class TorchMHAAdapter(_torch.TorchAdapter):
 
     def vjp(self, spec, params, inputs, grad_out, *, device):
         m = to_module(spec, params, device)
-        leaves = {n: _torch.to_torch(inputs[n], device, requires_grad=True)
-                  for n in ("query", "key", "value", "bias") if n in inputs}
+        leaves = {
+            n: _torch.to_torch(inputs[n], device, requires_grad=True)
+            for n in ("query", "key", "value", "bias")
+            if n in inputs
+        }
         out, _ = self._run(spec, m, inputs, device, leaves)
         out.backward(_torch.to_torch(grad_out, device))
         grads = {n: _torch.to_numpy(leaf.grad) for n, leaf in leaves.items()}

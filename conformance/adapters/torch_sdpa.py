@@ -18,19 +18,27 @@ class TorchSDPAAdapter(_torch.TorchAdapter):
     def capabilities(self):
         return Capabilities(
             devices=_torch.devices(),
-            features=frozenset({"cross-attention", "custom-scale", "no-projection-bias", "causal", "mask",
-                                "bias", "dropout-spec"}),
+            features=frozenset(
+                {"cross-attention", "custom-scale", "no-projection-bias", "causal", "mask", "bias", "dropout-spec"}
+            ),
             weights=False,
-            notes={"positions": "no position input; is_causal is top-left",
-                   "shaw": "no relative positions", "huang": "no relative positions",
-                   "mask-fill": "masked logits are -inf", "dropout-keep": "dropout uses its own RNG"},
+            notes={
+                "positions": "no position input; is_causal is top-left",
+                "shaw": "no relative positions",
+                "huang": "no relative positions",
+                "mask-fill": "masked logits are -inf",
+                "dropout-keep": "dropout uses its own RNG",
+            },
         )
 
     def _run(self, spec, params, inputs, device, leaves=None):
         import torch.nn.functional as F
 
-        t = leaves or {n: _torch.to_torch(a, device) for n, a in {**params, **inputs}.items()
-                       if n not in ("mask", "q_positions", "k_positions", "dropout_keep")}
+        t = leaves or {
+            n: _torch.to_torch(a, device)
+            for n, a in {**params, **inputs}.items()
+            if n not in ("mask", "q_positions", "k_positions", "dropout_keep")
+        }
         x = t["query"]
         key = t.get("key", x)
         value = t.get("value", key)
@@ -65,8 +73,11 @@ class TorchSDPAAdapter(_torch.TorchAdapter):
             return {"out": _torch.to_numpy(self._run(spec, params, inputs, device))}
 
     def vjp(self, spec, params, inputs, grad_out, *, device):
-        leaves = {n: _torch.to_torch(a, device, requires_grad=True) for n, a in {**params, **inputs}.items()
-                  if n not in ("mask", "q_positions", "k_positions", "dropout_keep")}
+        leaves = {
+            n: _torch.to_torch(a, device, requires_grad=True)
+            for n, a in {**params, **inputs}.items()
+            if n not in ("mask", "q_positions", "k_positions", "dropout_keep")
+        }
         out = self._run(spec, params, inputs, device, leaves)
         out.backward(_torch.to_torch(grad_out, device))
         return {n: _torch.to_numpy(leaf.grad) for n, leaf in leaves.items()}

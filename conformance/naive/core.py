@@ -111,10 +111,33 @@ def forward(spec: AttentionSpec, params: dict, inputs: dict, dtype: str, order: 
         o = P.rnd(o + P.mm(buckets, rv))
     merged = _merge(o)  # (B, Lq, D)
     out = P.lin(merged, p["wo"], p.get("bo"))
-    cache = dict(P=P, p=p, q=q, k=k, v=v, key=key, value=value, query=query, dead=dead, allowed=allowed,
-                 w=w, wd=wd, keep=keep, bias=bias, merged=merged, scheme=scheme, hooks=hooks, impl=impl,
-                 qp=qp, kp=kp, delta=delta, key_index=key_index, key_valid=key_valid,
-                 value_index=value_index, buckets=buckets)
+    cache = dict(
+        P=P,
+        p=p,
+        q=q,
+        k=k,
+        v=v,
+        key=key,
+        value=value,
+        query=query,
+        dead=dead,
+        allowed=allowed,
+        w=w,
+        wd=wd,
+        keep=keep,
+        bias=bias,
+        merged=merged,
+        scheme=scheme,
+        hooks=hooks,
+        impl=impl,
+        qp=qp,
+        kp=kp,
+        delta=delta,
+        key_index=key_index,
+        key_valid=key_valid,
+        value_index=value_index,
+        buckets=buckets,
+    )
     return out, w, cache
 
 

@@ -34,8 +34,9 @@ def relative_distance(q_positions: np.ndarray, k_positions: np.ndarray) -> np.nd
     return np.stack([np.subtract.outer(k_row, q_row).T for q_row, k_row in zip(qs, ks)])
 
 
-def allowed_keys(shape: tuple, delta: np.ndarray, *, causal: bool, mask: Optional[np.ndarray],
-                 bias: Optional[np.ndarray]) -> np.ndarray:
+def allowed_keys(
+    shape: tuple, delta: np.ndarray, *, causal: bool, mask: Optional[np.ndarray], bias: Optional[np.ndarray]
+) -> np.ndarray:
     """MASK-4: key j is allowed for query i iff mask AND (delta <= 0 if causal) AND bias != -inf.
 
     ``shape`` is (B, H, Lq, Lk) and so is the result. Each condition must

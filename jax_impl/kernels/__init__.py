@@ -48,17 +48,23 @@ def resolve(implementation, spec: AttentionSpec, call: Call) -> Kernel:
         case Xla() | Tiles():
             kernel = implementation
         case str():
-            raise ValueError(f"implementation: expected None, one of {list(NAMES)} or a kernel object "
-                             f"(jax_impl.kernels.Tiles(query_rows=...), ...), got {implementation!r}")
+            raise ValueError(
+                f"implementation: expected None, one of {list(NAMES)} or a kernel object "
+                f"(jax_impl.kernels.Tiles(query_rows=...), ...), got {implementation!r}"
+            )
         case _:
-            raise TypeError(f"implementation: expected None, a kernel name {list(NAMES)} or a kernel object "
-                            f"(jax_impl.kernels.Xla(), jax_impl.kernels.Tiles(...)), "
-                            f"got {type(implementation).__name__}")
+            raise TypeError(
+                f"implementation: expected None, a kernel name {list(NAMES)} or a kernel object "
+                f"(jax_impl.kernels.Xla(), jax_impl.kernels.Tiles(...)), "
+                f"got {type(implementation).__name__}"
+            )
     reason = kernel.unsupported(spec, call)
     if reason is not None:
         others = [k.name for k in AUTOMATIC if k.name != kernel.name and k.unsupported(spec, call) is None]
-        raise ValueError(f"implementation={implementation!r} does not support this call: {reason}; "
-                         f"kernels that do: {others} (KERN-1)")
+        raise ValueError(
+            f"implementation={implementation!r} does not support this call: {reason}; "
+            f"kernels that do: {others} (KERN-1)"
+        )
     return kernel
 
 

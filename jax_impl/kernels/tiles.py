@@ -46,14 +46,14 @@ class Tiles(Kernel):
     def unsupported(self, spec: AttentionSpec, call: Call) -> Optional[str]:
         missing = schemes.missing_tiled(spec.relative)
         if missing:
-            return (f"the jax_impl module of scheme {spec.relative.name!r} has no tiled hooks "
-                    f"({', '.join(missing)})")
+            return f"the jax_impl module of scheme {spec.relative.name!r} has no tiled hooks ({', '.join(missing)})"
         return None
 
     def cuts_queries(self, spec: AttentionSpec, call: Call) -> bool:
         """Whether the call is cut into query tiles: CAUSAL-1 alone, top-left, and at least two tiles."""
-        plain_causal = (spec.causal and call.default_positions and not call.mask and not call.bias
-                        and spec.mask_fill is None)
+        plain_causal = (
+            spec.causal and call.default_positions and not call.mask and not call.bias and spec.mask_fill is None
+        )
         return plain_causal and call.Lq >= 2 * self.query_rows
 
     def __call__(self, spec: AttentionSpec, params: dict, x: Inputs, call: Call):
@@ -68,10 +68,17 @@ class Tiles(Kernel):
         for q0 in range(0, call.Lq, self.query_rows):
             q1 = min(q0 + self.query_rows, call.Lq)
             k1 = min(q1, call.Lk)  # CAUSAL-1, top-left: the keys after q1 - 1 are disallowed for the whole tile
-            tile = Inputs(q=x.q[:, :, q0:q1], k=x.k[:, :, :k1], v=x.v[:, :, :k1],
-                          q_positions=x.q_positions[:, q0:q1], k_positions=x.k_positions[:, :k1],
-                          delta=x.delta[:, q0:q1, :k1], allowed=cut(x.allowed, q0, q1, k1), bias=None,
-                          dropout_keep=cut(x.dropout_keep, q0, q1, k1))
+            tile = Inputs(
+                q=x.q[:, :, q0:q1],
+                k=x.k[:, :, :k1],
+                v=x.v[:, :, :k1],
+                q_positions=x.q_positions[:, q0:q1],
+                k_positions=x.k_positions[:, :k1],
+                delta=x.delta[:, q0:q1, :k1],
+                allowed=cut(x.allowed, q0, q1, k1),
+                bias=None,
+                dropout_keep=cut(x.dropout_keep, q0, q1, k1),
+            )
             parts.append(attend(spec, params, tile, schemes.tiled_hooks(scheme, schemes.Tile(q0, True, True))))
         o = jnp.concatenate([o for o, _ in parts], axis=2)
         weights = jnp.concatenate([jnp.pad(w, [(0, 0)] * 3 + [(0, call.Lk - w.shape[-1])]) for _, w in parts], axis=2)

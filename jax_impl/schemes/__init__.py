@@ -42,16 +42,31 @@ from typing import Callable, NamedTuple, Optional
 
 from spec import HOOKS
 
-__all__ = ["REGISTRY", "PLAIN", "TILED", "Hooks", "Tile", "NO_HOOKS", "module_for", "register_module",
-           "plain_hooks", "tiled_hooks", "missing_tiled"]
+__all__ = [
+    "REGISTRY",
+    "PLAIN",
+    "TILED",
+    "Hooks",
+    "Tile",
+    "NO_HOOKS",
+    "module_for",
+    "register_module",
+    "plain_hooks",
+    "tiled_hooks",
+    "missing_tiled",
+]
 
 #: scheme name -> its jax_impl module (a dotted path, imported on first use, or a module object) (REL-4).
 REGISTRY: dict = {"shaw": "jax_impl.schemes.shaw", "huang": "jax_impl.schemes.huang"}
 
 #: hook kind -> the function a module defines for it, for the xla kernel and for the tiles kernel.
 PLAIN = {kind: kind for kind in HOOKS}
-TILED = {"qk_transform": "qk_transform", "key_term": "key_term_tiled", "bias": "bias_tiled",
-         "value_term": "value_term_tiled"}
+TILED = {
+    "qk_transform": "qk_transform",
+    "key_term": "key_term_tiled",
+    "bias": "bias_tiled",
+    "value_term": "value_term_tiled",
+}
 
 
 class Tile(NamedTuple):
@@ -127,8 +142,10 @@ def plain_hooks(scheme) -> Hooks:
         return NO_HOOKS
     missing = _missing(scheme, PLAIN)
     if missing:
-        raise ValueError(f"{_module_name(module_for(scheme))}: expected the functions {missing} for the hooks "
-                         f"{list(_kinds(scheme))} of scheme {scheme.name!r} [REL-3], got a module without them")
+        raise ValueError(
+            f"{_module_name(module_for(scheme))}: expected the functions {missing} for the hooks "
+            f"{list(_kinds(scheme))} of scheme {scheme.name!r} [REL-3], got a module without them"
+        )
     module = module_for(scheme)
     return Hooks(**{kind: functools.partial(getattr(module, PLAIN[kind]), scheme) for kind in _kinds(scheme)})
 

@@ -59,7 +59,7 @@ def distance_rows(table, first: int, count: int, max_len: int):
     span = distance_row_span(first, count, max_len)
     if span is None:  # no distance of the range is in the table
         return jnp.zeros(table.shape[:-2] + (count, table.shape[-1]), table.dtype)
-    rows = table[..., span.first_row: span.last_row + 1, :]
+    rows = table[..., span.first_row : span.last_row + 1, :]
     return jnp.pad(rows, [(0, 0)] * (table.ndim - 2) + [(span.pad_before, span.pad_after), (0, 0)])
 
 
@@ -96,5 +96,5 @@ def skew(r, Lk: int):
     B, H, Lq, W = r.shape
     if Lq == 1:
         return r[..., :Lk]
-    flat = r.reshape(B, H, Lq * W)[..., Lq - 1: Lq - 1 + Lq * (W - 1)]
+    flat = r.reshape(B, H, Lq * W)[..., Lq - 1 : Lq - 1 + Lq * (W - 1)]
     return flat.reshape(B, H, Lq, W - 1)[..., :Lk]

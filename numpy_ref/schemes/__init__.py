@@ -54,8 +54,17 @@ from spec import HOOKS
 
 from .context import Context
 
-__all__ = ["LITERAL_FUNCTIONS", "NO_SCHEME", "REGISTRY", "VECTOR_FUNCTIONS", "Bound", "Context", "bind",
-           "module_for", "register_module"]
+__all__ = [
+    "LITERAL_FUNCTIONS",
+    "NO_SCHEME",
+    "REGISTRY",
+    "VECTOR_FUNCTIONS",
+    "Bound",
+    "Context",
+    "bind",
+    "module_for",
+    "register_module",
+]
 
 #: scheme name -> its numpy_ref module (a dotted module path, imported on first use, or a module object).
 REGISTRY: dict[str, str | ModuleType | Any] = {
@@ -144,8 +153,10 @@ def bind(scheme, *, literal: bool = False) -> Bound:
     needed = LITERAL_FUNCTIONS if literal else VECTOR_FUNCTIONS
     missing = [f for kind in kinds for f in needed[kind] if not callable(getattr(module, f, None))]
     if missing:
-        raise ValueError(f"{_module_name(module)}: expected the functions {missing} for the hooks {list(kinds)} "
-                         f"of scheme {scheme.name!r} [REL-3], got a module without them")
+        raise ValueError(
+            f"{_module_name(module)}: expected the functions {missing} for the hooks {list(kinds)} "
+            f"of scheme {scheme.name!r} [REL-3], got a module without them"
+        )
     return Bound(scheme, module, kinds)
 
 

@@ -50,25 +50,33 @@ def resolve(implementation, spec: AttentionSpec, call: Call) -> Kernel:
             reasons[name] = kernel.unsupported(spec, call)
             if reasons[name] is None:
                 return kernel
-        raise ValueError(f"implementation=None: no kernel can run this call: "
-                         f"{'; '.join(f'{n}: {r}' for n, r in reasons.items())} (KERN-1)")
+        raise ValueError(
+            f"implementation=None: no kernel can run this call: "
+            f"{'; '.join(f'{n}: {r}' for n, r in reasons.items())} (KERN-1)"
+        )
     if isinstance(implementation, str):
         if implementation not in KERNELS:
-            raise ValueError(f"implementation: expected None, one of {_names(KERNELS)} or a kernel object such as "
-                             f"torch_impl.kernels.Tiles(...), got {implementation!r}")
+            raise ValueError(
+                f"implementation: expected None, one of {_names(KERNELS)} or a kernel object such as "
+                f"torch_impl.kernels.Tiles(...), got {implementation!r}"
+            )
         kernel = _DEFAULTS[implementation]
     elif isinstance(implementation, tuple(KERNELS.values())):
         kernel = implementation
     else:
-        raise TypeError(f"implementation: expected None, one of {_names(KERNELS)} or a kernel object such as "
-                        f"torch_impl.kernels.Tiles(...), got {implementation!r} of type "
-                        f"{type(implementation).__name__}")
+        raise TypeError(
+            f"implementation: expected None, one of {_names(KERNELS)} or a kernel object such as "
+            f"torch_impl.kernels.Tiles(...), got {implementation!r} of type "
+            f"{type(implementation).__name__}"
+        )
     reason = kernel.unsupported(spec, call)
     if reason is not None:
         able = supported(spec, call)
         alternatives = f"kernels that can: {_names(able)}" if able else "no kernel can"
-        raise ValueError(f"implementation={implementation!r}: cannot run this call: {reason}; {alternatives} "
-                         "(KERN-1: no silent fallback)")
+        raise ValueError(
+            f"implementation={implementation!r}: cannot run this call: {reason}; {alternatives} "
+            "(KERN-1: no silent fallback)"
+        )
     return kernel
 
 

@@ -35,5 +35,7 @@ class Kernel:
             return None
         missing = [h for h in HOOKS if h in used and h not in self.scheme_hooks]
         calls = ", ".join(h for h in HOOKS if h in self.scheme_hooks) or "no hook: it takes no relative scheme"
-        return (f"{type(scheme).__name__} relative terms need the {' and '.join(missing)} hook"
-                f"{'s' if len(missing) > 1 else ''}, and {self.name} calls {calls}")
+        return (
+            f"{type(scheme).__name__} relative terms need the {' and '.join(missing)} hook"
+            f"{'s' if len(missing) > 1 else ''}, and {self.name} calls {calls}"
+        )

@@ -27,14 +27,19 @@ class SDPA(Kernel):
     scheme_hooks: ClassVar[frozenset] = frozenset()
 
     def unsupported(self, spec, call) -> Optional[str]:
-        reasons = [r for r in (
-            self.missing_hooks(spec),
-            None if spec.mask_fill is None else
-            f"spec.mask_fill={spec.mask_fill!r} replaces disallowed logits (MASK-6), and sdpa only gives "
-            "them weight 0 (MASK-5)",
-            None if call.dropout_keep is None else "sdpa takes no dropout_keep mask (DROP-1)",
-            "sdpa does not return the weights (return_weights=True)" if call.return_weights else None,
-        ) if r is not None]
+        reasons = [
+            r
+            for r in (
+                self.missing_hooks(spec),
+                None
+                if spec.mask_fill is None
+                else f"spec.mask_fill={spec.mask_fill!r} replaces disallowed logits (MASK-6), and sdpa only gives "
+                "them weight 0 (MASK-5)",
+                None if call.dropout_keep is None else "sdpa takes no dropout_keep mask (DROP-1)",
+                "sdpa does not return the weights (return_weights=True)" if call.return_weights else None,
+            )
+            if r is not None
+        ]
         return "; ".join(reasons) or None
 
 

@@ -72,8 +72,9 @@ class Tiles(Kernel):
                 object.__setattr__(self, field, require_int("Tiles", field, getattr(self, field), 1))
         object.__setattr__(self, "min_rows", require_int("Tiles", "min_rows", self.min_rows, 1))
 
-    def grid(self, B: int, H: int, Lq: int, Lk: int, *, causal_prefix: bool, short_rows: bool,
-             device_type: str) -> list:
+    def grid(
+        self, B: int, H: int, Lq: int, Lk: int, *, causal_prefix: bool, short_rows: bool, device_type: str
+    ) -> list:
         """Tiles covering (B, H, Lq), as [batch group][head group][query range].
 
         ``causal_prefix``: every allowed key of query i is <= i, so a tile of
@@ -94,8 +95,10 @@ class Tiles(Kernel):
         else:
             groups = [(slice(b, b + 1), [slice(h, h + pairs) for h in range(0, H, pairs)]) for b in range(B)]
         ranges = [(a, min(a + rows, Lq)) for a in range(0, Lq, rows)]
-        return [[[Tile(bs, hs, a, z, min(z, Lk) if causal_prefix else Lk) for a, z in ranges] for hs in heads]
-                for bs, heads in groups]
+        return [
+            [[Tile(bs, hs, a, z, min(z, Lk) if causal_prefix else Lk) for a, z in ranges] for hs in heads]
+            for bs, heads in groups
+        ]
 
 
 class Tile(NamedTuple):
@@ -145,8 +148,15 @@ def attention(plan: Tiles, spec, params: dict, q, k, v, call: _core.Call):
     Lk = k.shape[2]
     default = call.default_positions
     causal_prefix = spec.causal and default and spec.mask_fill is None
-    grid = plan.grid(B, H, Lq, Lk, causal_prefix=causal_prefix,
-                     short_rows=causal_prefix or (spec.relative is not None and default), device_type=q.device.type)
+    grid = plan.grid(
+        B,
+        H,
+        Lq,
+        Lk,
+        causal_prefix=causal_prefix,
+        short_rows=causal_prefix or (spec.relative is not None and default),
+        device_type=q.device.type,
+    )
     longest = max(t.q1 - t.q0 for t in _flat(grid))
     stat = _core.stat_dtype(q.dtype)
     q_s = q * spec.effective_scale  # SCALE-2 folded into the query: a (B, H, Lq, d) pass, not (Lq, Lk)
@@ -154,12 +164,20 @@ def attention(plan: Tiles, spec, params: dict, q, k, v, call: _core.Call):
     hooks = frozenset() if spec.relative is None else spec.relative.hooks
     if spec.relative is not None:  # SCALE-3: the relative term sees s * q or q
         unit = schemes.module_for(spec.relative)
-        state = unit.tile_state(spec.relative, params, q_s if spec.scale_relative else q, call,
-                                causal=spec.causal and default, rows=longest, stat=stat)
+        state = unit.tile_state(
+            spec.relative,
+            params,
+            q_s if spec.scale_relative else q,
+            call,
+            causal=spec.causal and default,
+            rows=longest,
+            stat=stat,
+        )
     causal_block = spec.causal and default and call.mask is None and call.bias is None and spec.mask_fill is None
     future = torch.ones(longest, longest, dtype=torch.bool, device=q.device).triu_(1) if causal_block else None
     records_grad = torch.is_grad_enabled() and any(
-        x is not None and x.requires_grad for x in (q, k, v, call.bias, *params.values()))
+        x is not None and x.requires_grad for x in (q, k, v, call.bias, *params.values())
+    )
     # returned weights must stay; under torch.compile the compiler plans the memory itself
     ws = None if records_grad or call.return_weights or torch.compiler.is_compiling() else Workspace(q.device)
     run = _Run(spec, call, q_s, k, v, unit, hooks, state, stat, causal_block, future, ws)
@@ -177,7 +195,7 @@ def _tile(run: _Run, t: Tile):
     spec, call, ws, hooks = run.spec, run.call, run.ws, run.hooks
     q_s = run.q_s[t.part]
     term = run.unit.tile_key_term(run.state, t, ws) if "key_term" in hooks else None  # REL-1
-    logits = _content_logits(q_s, run.k[t.b, t.h, :t.k1], term, run.stat, ws)
+    logits = _content_logits(q_s, run.k[t.b, t.h, : t.k1], term, run.stat, ws)
     bias = t.cut(call.bias)
     if bias is not None:
         logits = logits + bias.to(run.stat)  # BIAS-1, SCALE-4
@@ -185,11 +203,10 @@ def _tile(run: _Run, t: Tile):
     if run.causal_block:  # the only disallowed keys are after the diagonal
         _disallow_after_diagonal(logits, t.q0, run.future)
         allowed = None
-    weights = _core.masked_softmax(logits, allowed, spec.mask_fill,
-                                   out=take(ws, "weights", logits.shape, logits.dtype))
+    weights = _core.masked_softmax(logits, allowed, spec.mask_fill, out=take(ws, "weights", logits.shape, logits.dtype))
     del logits, term  # free the (T, k1) buffers before the value side (autograd keeps what it needs)
     dropped = _core.dropout(weights, t.cut(call.dropout_keep), spec.dropout)  # DROP-1
-    o = dropped.to(q_s.dtype) @ run.v[t.b, t.h, :t.k1]
+    o = dropped.to(q_s.dtype) @ run.v[t.b, t.h, : t.k1]
     if "value_term" in hooks:  # DROP-4
         o = o + run.unit.tile_value_term(run.state, dropped, t)
     return o, (weights.to(q_s.dtype) if call.return_weights else None)

@@ -62,8 +62,7 @@ class TileState(NamedTuple):
     valid: Optional[torch.Tensor]  # HUANG-3 (1|B, Lq, Lk), explicit positions only
 
 
-def tile_state(scheme, params: dict, q: torch.Tensor, call, *, causal: bool, rows: int,
-               stat: torch.dtype) -> TileState:
+def tile_state(scheme, params: dict, q: torch.Tensor, call, *, causal: bool, rows: int, stat: torch.dtype) -> TileState:
     """The per-call state of the tile hooks.
 
     q (B, H, Lq, d): the queries as the key term sees them (times s_rel,
@@ -97,14 +96,15 @@ def distance_rows(table: torch.Tensor, first: int, count: int, max_len: int) -> 
     span = distance_row_span(first, count, max_len)
     if span is None:  # no distance of the range is in the table
         return table.new_zeros(table.shape[:-2] + (count, table.shape[-1]))
-    rows = table[..., span.first_row: span.last_row + 1, :]
+    rows = table[..., span.first_row : span.last_row + 1, :]
     if span.pad_before or span.pad_after:
         return F.pad(rows, (0, 0, span.pad_before, span.pad_after))
     return rows
 
 
-def huang_skew_term(q: torch.Tensor, table: torch.Tensor, q_start: int, Lk: int, max_len: int,
-                    causal: bool, ws=None) -> torch.Tensor:
+def huang_skew_term(
+    q: torch.Tensor, table: torch.Tensor, q_start: int, Lk: int, max_len: int, causal: bool, ws=None
+) -> torch.Tensor:
     """HUANG-4 with default positions: the (B, H, T, Lk) term of queries q_start .. q_start + T - 1, keys 0 .. Lk - 1.
 
     One matmul of the queries with the table rows of every distance they
@@ -147,5 +147,5 @@ def skew(r: torch.Tensor, Lk: int) -> torch.Tensor:
     B, H, T, W = r.shape
     if T == 1:
         return r[..., :Lk]
-    flat = r.reshape(B, H, T * W)[..., T - 1: T - 1 + T * (W - 1)]
+    flat = r.reshape(B, H, T * W)[..., T - 1 : T - 1 + T * (W - 1)]
     return flat.reshape(B, H, T, W - 1)[..., :Lk]

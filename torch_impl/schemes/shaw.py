@@ -67,8 +67,7 @@ class TileState(NamedTuple):
     triangles: Optional[tuple]  # default positions: ``edge_masks`` of the longest tile
 
 
-def tile_state(scheme, params: dict, q: torch.Tensor, call, *, causal: bool, rows: int,
-               stat: torch.dtype) -> TileState:
+def tile_state(scheme, params: dict, q: torch.Tensor, call, *, causal: bool, rows: int, stat: torch.dtype) -> TileState:
     """The per-call state of the tile hooks.
 
     q (B, H, Lq, d): the queries as the key term sees them (times s_rel,
@@ -80,7 +79,8 @@ def tile_state(scheme, params: dict, q: torch.Tensor, call, *, causal: bool, row
     k = scheme.max_distance
     default = call.default_positions
     return TileState(
-        max_distance=k, num_rows=scheme.num_rows,
+        max_distance=k,
+        num_rows=scheme.num_rows,
         rows=rows_logits(q, params["rel_k"]) if scheme.keys else None,
         rel_v=params["rel_v"] if scheme.values else None,
         index=None if default else shaw_index(call.delta, k),
@@ -104,7 +104,7 @@ def tile_value_term(state: TileState, w: torch.Tensor, tile) -> torch.Tensor:
     if state.index is not None:
         buckets = bucket_sums(w, tile.cut(state.index, lead=1), state.num_rows)
     else:
-        band = None if state.value_band is None else state.value_band[tile.q0:tile.q1]
+        band = None if state.value_band is None else state.value_band[tile.q0 : tile.q1]
         buckets = bucket_sums_banded(w, state.max_distance, tile.q0, state.triangles, band)
     return rows_sum(buckets, head_rows(state.rel_v, tile.h))
 
@@ -121,8 +121,9 @@ def key_band_index(rows: int, max_distance: int, device) -> torch.Tensor:
     return c.clamp_(-k, k).add_(k)
 
 
-def key_term_banded(r: torch.Tensor, q_start: int, Lk: int, max_distance: int, band: torch.Tensor,
-                    out: Optional[torch.Tensor] = None) -> torch.Tensor:
+def key_term_banded(
+    r: torch.Tensor, q_start: int, Lk: int, max_distance: int, band: torch.Tensor, out: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """SHAW-3 for default positions: the (B, H, T, Lk) key term of queries q_start .. q_start + T - 1.
 
     r: (B, H, T, 2k + 1) table logits of those queries. Keys up to
@@ -141,7 +142,7 @@ def key_term_banded(r: torch.Tensor, q_start: int, Lk: int, max_distance: int, b
     if lo > 0:
         parts.append(r[..., :1].expand(B, H, T, lo))
     if hi > lo:
-        parts.append(torch.gather(r, -1, band[:T, lo - a: hi - a].expand(B, H, T, hi - lo)))
+        parts.append(torch.gather(r, -1, band[:T, lo - a : hi - a].expand(B, H, T, hi - lo)))
     if Lk > hi:
         parts.append(r[..., -1:].expand(B, H, T, Lk - hi))
     if out is not None:
@@ -155,8 +156,7 @@ def value_band_index(Lq: int, max_distance: int, device) -> torch.Tensor:
     Entry [i, c + k - 1] is i + c for c = -k + 1 .. k - 1 (SHAW-2 row c + k),
     possibly outside the keys. Tiles slice their rows.
     """
-    return torch.arange(Lq, device=device).unsqueeze(1) + torch.arange(-max_distance + 1, max_distance,
-                                                                       device=device)
+    return torch.arange(Lq, device=device).unsqueeze(1) + torch.arange(-max_distance + 1, max_distance, device=device)
 
 
 def edge_masks(rows: int, dtype: torch.dtype, device) -> tuple:
@@ -166,8 +166,13 @@ def edge_masks(rows: int, dtype: torch.dtype, device) -> tuple:
     return below.to(dtype), (~below).to(dtype)
 
 
-def bucket_sums_banded(w: torch.Tensor, max_distance: int, q_start: int = 0, masks: Optional[tuple] = None,
-                       band: Optional[torch.Tensor] = None) -> torch.Tensor:
+def bucket_sums_banded(
+    w: torch.Tensor,
+    max_distance: int,
+    q_start: int = 0,
+    masks: Optional[tuple] = None,
+    band: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
     """SHAW-4 for default positions (delta = j - i), without a scatter and without an (Lq, Lk) index.
 
     w (B, H, T, Lk) holds queries i = q_start .. q_start + T - 1 and keys
@@ -200,7 +205,7 @@ def bucket_sums_banded(w: torch.Tensor, max_distance: int, q_start: int = 0, mas
         total = w[..., a:z].sum(dim=-1) if a < z else w.new_zeros(B, H, T)
         a, z = max(tri_start, 0), min(tri_start + T, Lk)
         if a < z:
-            total = total + torch.linalg.vecdot(w[..., a:z], tri[:, a - tri_start: z - tri_start])
+            total = total + torch.linalg.vecdot(w[..., a:z], tri[:, a - tri_start : z - tri_start])
         return total.unsqueeze(-1)
 
     left = edge(slice(0, q_start - k + 1), q_start - k + 1, below)

@@ -85,6 +85,8 @@ def hooks_for(scheme) -> NaiveScheme:
     """The naive module of ``scheme`` (a spec scheme object), found by ``scheme.name``."""
     name = getattr(scheme, "name", None)
     if name not in _REGISTRY:
-        raise ValueError(f"naive emulation: expected a scheme with a naive module ({', '.join(registered())}), "
-                         f"got scheme name {name!r} ({type(scheme).__name__})")
+        raise ValueError(
+            f"naive emulation: expected a scheme with a naive module ({', '.join(registered())}), "
+            f"got scheme name {name!r} ({type(scheme).__name__})"
+        )
     return _REGISTRY[name]
