@@ -60,14 +60,19 @@ def stat_dtype(dtype):
     return jnp.float32 if dtype in (jnp.float16, jnp.bfloat16) else dtype
 
 
-def masked_softmax(logits, allowed, mask_fill):
+def masked_softmax(logits, allowed, mask_fill, rows_nonempty: bool = False):
     """SOFTMAX-1 over the key axis, with MASK-5 (mask_fill None) or MASK-6 (a float).
 
     MASK-5: a disallowed key gets weight exactly 0, a row with no allowed
     key all-zero weights (never NaN). MASK-6: disallowed logits are replaced
     by ``mask_fill`` and ordinary softmax arithmetic follows. ``allowed``
-    None: every key is allowed.
+    None: every key is allowed. ``rows_nonempty``: the caller knows every
+    row has an allowed key (CAUSAL-1 alone with default positions: key 0),
+    so the plain softmax of -inf-filled logits is exact and NaN-free.
     """
+    if allowed is not None and mask_fill is None and rows_nonempty:
+        logits = jnp.where(allowed, logits, -jnp.inf)
+        allowed = None
     if allowed is None:
         z = logits - jnp.max(logits, axis=-1, keepdims=True)
         e = jnp.exp(z)

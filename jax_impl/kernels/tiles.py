@@ -49,12 +49,14 @@ class Tiles(Kernel):
             return f"the jax_impl module of scheme {spec.relative.name!r} has no tiled hooks ({', '.join(missing)})"
         return None
 
+    @staticmethod
+    def plain_causal(spec: AttentionSpec, call: Call) -> bool:
+        """CAUSAL-1 alone, top-left (default positions, no mask, bias or mask_fill): key 0 is allowed for all."""
+        return spec.causal and call.default_positions and not call.mask and not call.bias and spec.mask_fill is None
+
     def cuts_queries(self, spec: AttentionSpec, call: Call) -> bool:
-        """Whether the call is cut into query tiles: CAUSAL-1 alone, top-left, and at least two tiles."""
-        plain_causal = (
-            spec.causal and call.default_positions and not call.mask and not call.bias and spec.mask_fill is None
-        )
-        return plain_causal and call.Lq >= 2 * self.query_rows
+        """Whether the call is cut into query tiles: a plain causal rule and at least two tiles."""
+        return self.plain_causal(spec, call) and call.Lq >= 2 * self.query_rows
 
     def __call__(self, spec: AttentionSpec, params: dict, x: Inputs, call: Call):
         scheme = spec.relative
@@ -62,8 +64,9 @@ class Tiles(Kernel):
         if hooks.qk_transform is not None:  # REL-3 (1): once, before any tile
             q, k = hooks.qk_transform(params, x.q, x.k, x.q_positions, x.k_positions)
             x = x._replace(q=q, k=k)
+        nonempty = self.plain_causal(spec, call)  # no row can be empty: no guard in the softmax
         if not self.cuts_queries(spec, call):
-            return attend(spec, params, x, hooks)
+            return attend(spec, params, x, hooks, nonempty)
         parts = []
         for q0 in range(0, call.Lq, self.query_rows):
             q1 = min(q0 + self.query_rows, call.Lq)
@@ -79,7 +82,7 @@ class Tiles(Kernel):
                 bias=None,
                 dropout_keep=cut(x.dropout_keep, q0, q1, k1),
             )
-            parts.append(attend(spec, params, tile, schemes.tiled_hooks(scheme, schemes.Tile(q0, True, True))))
+            parts.append(attend(spec, params, tile, schemes.tiled_hooks(scheme, schemes.Tile(q0, True, True)), True))
         o = jnp.concatenate([o for o, _ in parts], axis=2)
         weights = jnp.concatenate([jnp.pad(w, [(0, 0)] * 3 + [(0, call.Lk - w.shape[-1])]) for _, w in parts], axis=2)
         return o, weights

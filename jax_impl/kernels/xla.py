@@ -43,8 +43,11 @@ class Xla(Kernel):
         return attend(spec, params, x, hooks)
 
 
-def attend(spec: AttentionSpec, params: dict, x: Inputs, hooks: schemes.Hooks):
+def attend(spec: AttentionSpec, params: dict, x: Inputs, hooks: schemes.Hooks, rows_nonempty: bool = False):
     """Logits, softmax and values of the queries of ``x`` against all its keys: (o, weights).
+
+    ``rows_nonempty``: every query has an allowed key (the tiles kernel's plain
+    causal rule), so the softmax needs no empty-row guard.
 
     x.q (B, H, Lq, d), x.k and x.v (B, H, Lk, d) -> o (B, H, Lq, d) in the
     query's dtype, weights (B, H, Lq, Lk) post-softmax and pre-dropout, in
@@ -60,7 +63,7 @@ def attend(spec: AttentionSpec, params: dict, x: Inputs, hooks: schemes.Hooks):
         logits = logits + hooks.bias(params, x.delta).astype(stat)
     if x.bias is not None:
         logits = logits + x.bias.astype(stat)  # BIAS-1, never scaled (SCALE-4)
-    weights = masked_softmax(logits, x.allowed, spec.mask_fill)  # SOFTMAX-1, MASK-5 / MASK-6
+    weights = masked_softmax(logits, x.allowed, spec.mask_fill, rows_nonempty)  # SOFTMAX-1, MASK-5 / MASK-6
     dropped = dropout(weights, x.dropout_keep, spec.dropout)  # DROP-1
     o = jnp.einsum("bhij,bhjd->bhid", dropped.astype(dtype), x.v)
     if hooks.value_term is not None:  # REL-3 (4), from the weights after dropout (DROP-4)
