@@ -136,7 +136,11 @@ def run(
     loaded: dict = {}
     results: list = []
     envs = {}
+    previous = None
     for adapter, caps, device, dtype, case, skip in cells:
+        if previous is not None and previous != (adapter, case.id):
+            previous[0].release()  # the previous case's compiled programs are not needed again
+        previous = (adapter, case.id)
         if progress:
             progress(adapter.name, device, dtype, case.id)
         if skip:
@@ -165,5 +169,7 @@ def run(
         for r in CaseRun(case, entry, loaded[case.id], adapter, caps, dtype, device).run():
             r.environment = envs[adapter.name]
             results.append(r)
+    if previous is not None:
+        previous[0].release()
     apply_deviations(results, load_deviations() if deviations is None else deviations)
     return results

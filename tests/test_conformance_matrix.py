@@ -38,7 +38,10 @@ def test_cell(cell):
     if skip:
         pytest.skip(skip)
     entry = MANIFEST["cases"][case.id]
-    results = CaseRun(case, entry, load_case(case.id, entry), adapter, caps, dtype, device).run()
+    try:
+        results = CaseRun(case, entry, load_case(case.id, entry), adapter, caps, dtype, device).run()
+    finally:
+        adapter.release()  # one cell's compiled programs are not needed again (memory maps add up)
     runner.apply_deviations(results, DEVIATIONS)
     assert results, "a runnable cell must produce checks"
     failed = [f"[{r.check}] {r.message}" for r in results if r.failed]

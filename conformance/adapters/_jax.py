@@ -121,6 +121,15 @@ class JaxAdapter(Adapter):
     def extra_environment(self) -> dict:
         return {}
 
+    def release(self):
+        """Drop this adapter's jitted programs and JAX's own caches (the compilation cache keeps them on disk)."""
+        import jax
+
+        compiled = getattr(type(self), "_compiled", None)
+        if compiled is not None and hasattr(compiled, "cache_clear"):
+            compiled.cache_clear()
+        jax.clear_caches()
+
     def environment(self):
         if self._env is None:
             self._env = {**setup(), **self.extra_environment()}

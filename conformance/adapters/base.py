@@ -109,5 +109,13 @@ class Adapter(abc.ABC):
         """Versions and numerics settings in force (recorded in reports)."""
         return {}
 
+    def release(self) -> None:
+        """Free what was cached for the cases run so far; the harness calls it after each case.
+
+        A compiled program per case and dtype adds up: XLA's CPU executables
+        each map memory pages, and a whole run of several JAX adapters in one
+        process ran out of memory maps (vm.max_map_count) before this hook.
+        """
+
     # Optional hooks, used when an adapter defines them:
     #   roundtrip_params(spec, params) -> dict   PARAM-3: canonical -> module -> canonical
