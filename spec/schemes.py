@@ -17,9 +17,10 @@ parameter tables, the hooks it uses and the conformance features it needs.
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+import importlib
+from typing import Any, ClassVar
 
-__all__ = ["HOOKS", "Scheme", "register", "unregister", "scheme_classes", "scheme_from_json"]
+__all__ = ["HOOKS", "ModuleRegistry", "Scheme", "register", "unregister", "scheme_classes", "scheme_from_json"]
 
 #: The hook kinds, in the order the core applies them (REL-3).
 HOOKS = ("qk_transform", "key_term", "bias", "value_term")
@@ -95,3 +96,42 @@ def scheme_from_json(d: dict) -> Scheme:
     if name not in _REGISTRY:
         raise ValueError(f"scheme: expected one of {sorted(_REGISTRY)}, got {name!r}")
     return _REGISTRY[name](**d)
+
+
+class ModuleRegistry(dict):
+    """One implementation's modules of the schemes, by scheme name (REL-4).
+
+    Each implementation (numpy_ref, torch_impl, jax_impl) keeps one:
+    ``name -> module`` (a module object, or a dotted path imported on first
+    use). ``module_for(scheme)`` looks a scheme up by its ``name`` and raises
+    ``ValueError`` for a scheme the implementation does not have, naming the
+    ones it has: an unknown scheme is never treated as a known one.
+    """
+
+    def __init__(self, owner: str, modules: dict):
+        super().__init__(modules)
+        self.owner = owner
+
+    def register_module(self, name: str, module: Any) -> None:
+        """Add the module of scheme ``name``; the same module again is a no-op, another one a ValueError."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"register_module: expected a non-empty scheme name, got {name!r}")
+        other = self.get(name)
+        if other is not None and other is not module:
+            raise ValueError(f"register_module: scheme name {name!r} already has the module {_module_name(other)}")
+        self[name] = module
+
+    def module_for(self, scheme) -> Any:
+        """The module of ``scheme`` (found by ``scheme.name``), imported if it was given as a path."""
+        name = getattr(scheme, "name", None)
+        target = self.get(name) if isinstance(name, str) else None
+        if target is None:
+            raise ValueError(
+                f"spec.relative: expected a scheme {self.owner} implements (one of {sorted(self)}; add one with "
+                f"{self.owner}.schemes.register_module(name, module)), got {name!r} ({type(scheme).__name__})"
+            )
+        return importlib.import_module(target) if isinstance(target, str) else target
+
+
+def _module_name(module) -> str:
+    return module if isinstance(module, str) else getattr(module, "__name__", repr(module))

@@ -315,7 +315,7 @@ def test_rel4_builtin_schemes_have_their_own_modules():
 
 
 UNBOUND_MESSAGE = (
-    r"spec\.relative: expected a scheme with a numpy_ref module \(one of \[.*'huang'.*'shaw'.*\]; "
+    r"spec\.relative: expected a scheme numpy_ref implements \(one of \[.*'huang'.*'shaw'.*\]; "
     r"add one with numpy_ref\.schemes\.register_module\(name, module\)\), "
     rf"got '{UNBOUND}' \(Unbound\)"
 )

@@ -36,11 +36,10 @@ An outside scheme plugs in with ``spec.register`` (its class) and
 from __future__ import annotations
 
 import functools
-import importlib
-from types import ModuleType
 from typing import Callable, NamedTuple, Optional
 
 from spec import HOOKS
+from spec.schemes import ModuleRegistry
 
 __all__ = [
     "REGISTRY",
@@ -57,7 +56,7 @@ __all__ = [
 ]
 
 #: scheme name -> its jax_impl module (a dotted path, imported on first use, or a module object) (REL-4).
-REGISTRY: dict = {"shaw": "jax_impl.schemes.shaw", "huang": "jax_impl.schemes.huang"}
+REGISTRY = ModuleRegistry("jax_impl", {"shaw": "jax_impl.schemes.shaw", "huang": "jax_impl.schemes.huang"})
 
 #: hook kind -> the function a module defines for it, for the xla kernel and for the tiles kernel.
 PLAIN = {kind: kind for kind in HOOKS}
@@ -93,29 +92,8 @@ class Hooks(NamedTuple):
 NO_HOOKS = Hooks()
 
 
-def register_module(name: str, module) -> None:
-    """Add the jax_impl module of scheme ``name`` (a module object or a dotted path) (REL-4).
-
-    Registering the same module again is a no-op; a name taken by another module is a ValueError.
-    """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"register_module: expected a non-empty scheme name, got {name!r}")
-    other = REGISTRY.get(name)
-    if other is not None and other is not module:
-        raise ValueError(f"register_module: scheme name {name!r} already has the module {_module_name(other)}")
-    REGISTRY[name] = module
-
-
-def module_for(scheme) -> ModuleType:
-    """The jax_impl module of ``scheme``, looked up by ``scheme.name``; ValueError naming the known ones (REL-4)."""
-    name = getattr(scheme, "name", None)
-    target = REGISTRY.get(name) if isinstance(name, str) else None
-    if target is None:
-        raise ValueError(
-            f"spec.relative: expected a scheme jax_impl implements (one of {sorted(REGISTRY)}; add one with "
-            f"jax_impl.schemes.register_module(name, module)), got {name!r} ({type(scheme).__name__})"
-        )
-    return importlib.import_module(target) if isinstance(target, str) else target
+register_module = REGISTRY.register_module
+module_for = REGISTRY.module_for
 
 
 def _kinds(scheme) -> tuple:

@@ -45,12 +45,11 @@ An outside scheme plugs in with ``spec.register`` (the scheme class) and
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
 from spec import HOOKS
+from spec.schemes import ModuleRegistry
 
 from .context import Context
 
@@ -67,10 +66,7 @@ __all__ = [
 ]
 
 #: scheme name -> its numpy_ref module (a dotted module path, imported on first use, or a module object).
-REGISTRY: dict[str, str | ModuleType | Any] = {
-    "shaw": "numpy_ref.schemes.shaw",
-    "huang": "numpy_ref.schemes.huang",
-}
+REGISTRY = ModuleRegistry("numpy_ref", {"shaw": "numpy_ref.schemes.shaw", "huang": "numpy_ref.schemes.huang"})
 
 #: The functions a module must define for each hook kind its scheme uses (REL-3).
 VECTOR_FUNCTIONS = {kind: (kind, kind + "_vjp") for kind in HOOKS}
@@ -82,35 +78,8 @@ LITERAL_FUNCTIONS = {
 }
 
 
-def register_module(name: str, module) -> None:
-    """Add the numpy_ref module of scheme ``name`` (a module object or a dotted path) (REL-4).
-
-    Registering the same module again is a no-op; a name that already has a
-    different module is a ``ValueError``.
-    """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"register_module: expected a non-empty scheme name, got {name!r}")
-    other = REGISTRY.get(name)
-    if other is not None and other is not module:
-        raise ValueError(f"register_module: scheme name {name!r} already has the module {_module_name(other)}")
-    REGISTRY[name] = module
-
-
-def module_for(scheme) -> Any:
-    """The numpy_ref module of ``scheme``, looked up by ``scheme.name`` (REL-4).
-
-    A scheme without one is a ``ValueError`` naming the registered schemes:
-    an unknown scheme is never treated as a known one.
-    """
-    name = getattr(scheme, "name", None)
-    target = REGISTRY.get(name) if isinstance(name, str) else None
-    if target is None:
-        raise ValueError(
-            f"spec.relative: expected a scheme with a numpy_ref module (one of {sorted(REGISTRY)}; "
-            f"add one with numpy_ref.schemes.register_module(name, module)), "
-            f"got {name!r} ({type(scheme).__name__})"
-        )
-    return importlib.import_module(target) if isinstance(target, str) else target
+register_module = REGISTRY.register_module
+module_for = REGISTRY.module_for
 
 
 @dataclass(frozen=True)

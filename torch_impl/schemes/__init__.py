@@ -42,33 +42,13 @@ input (ALiBi, T5, Swin), with ``tile_bias(state, tile)`` for the tiles.
 
 from __future__ import annotations
 
-from types import ModuleType
+from spec.schemes import ModuleRegistry
 
 from . import huang, shaw
 
 __all__ = ["REGISTRY", "module_for", "register_module"]
 
 #: scheme name -> its torch_impl module (REL-4).
-REGISTRY: dict = {"shaw": shaw, "huang": huang}
-
-
-def register_module(name: str, module: ModuleType) -> None:
-    """Add the torch_impl module of scheme ``name`` (REL-4); a name taken by another module is a ValueError."""
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"register_module: expected a non-empty scheme name, got {name!r}")
-    other = REGISTRY.get(name)
-    if other is not None and other is not module:
-        raise ValueError(f"register_module: scheme name {name!r} already has the module {other.__name__}")
-    REGISTRY[name] = module
-
-
-def module_for(scheme) -> ModuleType:
-    """The torch_impl module of ``scheme``, looked up by ``scheme.name`` (REL-4)."""
-    name = getattr(scheme, "name", None)
-    module = REGISTRY.get(name) if isinstance(name, str) else None
-    if module is None:
-        raise ValueError(
-            f"spec.relative: expected a scheme torch_impl implements (one of {sorted(REGISTRY)}; add one with "
-            f"torch_impl.schemes.register_module(name, module)), got {name!r} ({type(scheme).__name__})"
-        )
-    return module
+REGISTRY = ModuleRegistry("torch_impl", {"shaw": shaw, "huang": huang})
+register_module = REGISTRY.register_module
+module_for = REGISTRY.module_for
