@@ -320,3 +320,11 @@ def test_cli_names_a_missing_package_in_one_line(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("conformance: a package is missing") and "[conformance]" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_stored_bfloat16_inputs_round_through_float32():
+    """PREC-5: the stored rounding is defined here, not by the installed ml_dtypes (0.6 and 0.7 differ on ties)."""
+    x = np.array([1 + 2.0**-8 + 2.0**-30])  # float32 rounds it to the bfloat16 midpoint 1 + 2^-8, a tie to even
+    assert float(generate.rounded(x, "bfloat16")[0]) == 1.0
+    assert float(generate.rounded(x, "float32")[0]) == 1 + 2.0**-8
+    assert float(generate.rounded(np.array([1 + 2.0**-11 + 2.0**-30]), "float16")[0]) == 1 + 2.0**-10

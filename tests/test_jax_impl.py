@@ -46,7 +46,7 @@ fwd_grads = jax.jit(_fwd_grads, static_argnums=0)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@settings(max_examples=25)  # each example compiles its own program
+@settings(max_examples=10)  # each example compiles its own program; tests/test_jax_kernels.py draws 25 more per kernel
 @given(seed=st.integers(0, 2**32 - 1))
 def test_forward_and_gradients_match_the_reference_in_float64(device, seed):
     call = random_call(seed)
