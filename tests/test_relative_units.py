@@ -76,7 +76,7 @@ def test_relative_distance_is_key_minus_query():
 def test_distance_rows_of_the_implementations_are_table_rows_or_zero(framework, first, count):
     """HUANG-2/3: torch_impl and jax_impl slice the rows of distances first .. first+count-1, zero outside."""
     impl = pytest.importorskip(
-        f"{framework}_impl.relative", reason=f"needs {framework}: pip install attnspec[{framework}]"
+        f"{framework}_impl.schemes.huang", reason=f"needs {framework}: pip install attnspec[{framework}]"
     )
     asarray = {
         "torch": lambda a: pytest.importorskip("torch").as_tensor(a),

@@ -24,7 +24,7 @@ from _random_calls import random_call  # noqa: E402
 
 import numpy_ref  # noqa: E402
 import torch_impl  # noqa: E402
-from conformance import naive, tolerance  # noqa: E402
+from conformance import generate, naive, tolerance  # noqa: E402
 from numpy_ref import relative as ref_rel  # noqa: E402
 from spec import AttentionSpec, Huang, Shaw  # noqa: E402
 from torch_impl import kernels, schemes  # noqa: E402
@@ -44,7 +44,7 @@ def rounded_call(call, dtype: str):
     """The call's arrays rounded to dtype, as float64 NumPy (the truth's inputs, PREC-1)."""
 
     def r(a):
-        return None if a is None else np.asarray(a).astype(naive.storage_dtype(dtype)).astype(np.float64)
+        return None if a is None else generate.rounded(a, dtype).astype(np.float64)
 
     call.params = {n: r(a) for n, a in call.params.items()}
     call.query, call.key, call.value = r(call.query), r(call.key), r(call.value)
