@@ -17,6 +17,8 @@ def positions(p, L: int):
     if p is None:
         return jnp.arange(L)[None]
     p = jnp.asarray(p)
+    if jnp.issubdtype(p.dtype, jnp.unsignedinteger):  # k - q must not wrap around (POS-2)
+        p = p.astype(jnp.promote_types(p.dtype, jnp.int8))
     return p[None] if p.ndim == 1 else p
 
 
