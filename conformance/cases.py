@@ -47,13 +47,20 @@ class Mask:
     """A boolean mask, True = attend (MASK-1), of the given broadcast pattern.
 
     ``dead_keys`` trailing keys are masked for every query (padding, MASK-7);
-    ``empty_rows`` leading query rows attend nothing (MASK-5).
+    ``empty_rows`` leading query rows attend nothing (MASK-5). The explicit
+    cells vary across batch elements and heads (the pattern must be BHQK):
+    ``empty_cells`` (b, h, i) empties query row i in batch element b and head
+    h only; ``dead_cells`` (b, h, j) masks key j for every query of (b, h)
+    only, so a key masked in every head of one batch element is dead there
+    and alive in the others.
     """
 
     pattern: str = "BHQK"
     density: float = 0.75
     dead_keys: int = 0
     empty_rows: int = 0
+    empty_cells: tuple = ()
+    dead_cells: tuple = ()
 
     def draw(self, rng, dims: Dims, H: int) -> dict:
         mask = rng.random(_shape(self.pattern, dims, H)) < self.density
@@ -63,6 +70,12 @@ class Mask:
         if self.empty_rows:
             assert self.pattern[-2:] == "QK"
             mask[..., : self.empty_rows, :] = False
+        if self.empty_cells or self.dead_cells:
+            assert self.pattern == "BHQK", "cells address (b, h) of a full-rank mask"
+            for b, h, i in self.empty_cells:
+                mask[b, h, i, :] = False
+            for b, h, j in self.dead_cells:
+                mask[b, h, :, j] = False
         return {"mask": mask}
 
     @property
@@ -72,18 +85,34 @@ class Mask:
 
 @dataclass(frozen=True)
 class Bias:
-    """A float bias (BIAS-1) of the given pattern; ``neg_inf`` of its entries are -inf (BIAS-2)."""
+    """A float bias (BIAS-1) of the given pattern; ``neg_inf`` of its entries are -inf (BIAS-2).
+
+    ``empty_rows`` leading query rows are entirely -inf; ``dead_keys`` (b, j)
+    makes key j -inf for every head and query of batch element b (the pattern
+    must have a B axis), so the bias alone removes it (MASK-7). ``offset`` is
+    added to every entry: logits of +-1000 overflow ``exp`` in float64 unless
+    the row maximum is subtracted first (SOFTMAX-1), while the weights stay
+    those of the N(0, 1) part (a constant per row changes nothing).
+    """
 
     pattern: str = "BHQK"
     neg_inf: float = 0.0
-    empty_rows: int = 0  # leading query rows entirely -inf
+    empty_rows: int = 0
+    dead_keys: tuple = ()
+    offset: float = 0.0
 
     def draw(self, rng, dims: Dims, H: int) -> dict:
         bias = rng.normal(0.0, 1.0, size=_shape(self.pattern, dims, H))
+        if self.offset:
+            bias += self.offset
         if self.neg_inf:
             bias[rng.random(bias.shape) < self.neg_inf] = -np.inf
         if self.empty_rows:
             bias[..., : self.empty_rows, :] = -np.inf
+        if self.dead_keys:
+            assert len(self.pattern) == 4 and self.pattern[0] == "B" and self.pattern[-1] == "K"
+            for b, j in self.dead_keys:
+                bias[b, ..., j] = -np.inf
         return {"bias": bias}
 
     @property
@@ -98,11 +127,36 @@ class Positions:
     kinds: ``bottom-right`` (queries are the last Lq of Lk positions, POS-3);
     ``shifted`` (default positions plus a constant, POS-4); ``random``
     (unsorted integers with repeats, shape (L,)); ``per-batch`` (contiguous
-    runs with a different offset per batch element, shape (B, L)); ``spread``
-    (keys three apart, so distances outgrow small tables).
+    runs with a different offset per batch element, shape (B, L));
+    ``per-batch-offsets`` (contiguous runs, shape (B, L), whose key-minus-query
+    offset differs between every two batch elements); ``random-per-batch``
+    (unsorted integers with repeats, shape (B, L), different in every batch
+    element); ``random-queries`` (unsorted query positions, keys left at their
+    default ``arange(Lk)``); ``spread`` (keys three apart, so distances
+    outgrow small tables); ``strided-per-batch`` (queries and keys two apart,
+    shape (B, L), offsets differing per batch element: no step of 1
+    anywhere); ``gapped-queries`` (runs of consecutive queries with one gap
+    of 3, default keys); ``constant`` (every query at one position, every key
+    at another); ``unsigned`` (unsorted uint8 positions, shape (L,): POS-1
+    allows any integer dtype, and ``k - q`` must not wrap around).
     """
 
     kind: str
+
+    KINDS = (
+        "bottom-right",
+        "shifted",
+        "random",
+        "per-batch",
+        "per-batch-offsets",
+        "random-per-batch",
+        "random-queries",
+        "spread",
+        "strided-per-batch",
+        "gapped-queries",
+        "constant",
+        "unsigned",
+    )
 
     def draw(self, rng, dims: Dims, H: int) -> dict:
         Lq, Lk, B = dims.Lq, dims.Lk, dims.B
@@ -125,11 +179,41 @@ class Positions:
                 "q_positions": (np.arange(Lq) + off).astype(np.int64),
                 "k_positions": (np.arange(Lk) + off + rng.integers(-2, 3, size=(B, 1))).astype(np.int64),
             }
+        if self.kind == "per-batch-offsets":
+            start = rng.integers(-4, 5, size=(B, 1))
+            offset = 3 * np.arange(B)[:, None] - B  # key minus query: distinct in every batch element
+            return {
+                "q_positions": (np.arange(Lq) + start).astype(np.int64),
+                "k_positions": (np.arange(Lk) + start + offset).astype(np.int64),
+            }
+        if self.kind == "random-per-batch":
+            return {
+                "q_positions": rng.integers(-3, Lk + 3, size=(B, Lq)).astype(np.int64),
+                "k_positions": rng.integers(-3, Lk + 3, size=(B, Lk)).astype(np.int64),
+            }
+        if self.kind == "random-queries":
+            return {"q_positions": rng.permutation(Lk + 3)[:Lq].astype(np.int64) - 1}
         if self.kind == "spread":
             return {"k_positions": 3 * np.arange(Lk, dtype=np.int64)}
-        raise ValueError(
-            f"Positions.kind: expected one of bottom-right, shifted, random, per-batch, spread, got {self.kind!r}"
-        )
+        if self.kind == "strided-per-batch":
+            start = rng.integers(-4, 5, size=(B, 1))
+            offset = 3 * np.arange(B)[:, None] - B
+            return {
+                "q_positions": (2 * np.arange(Lq) + start).astype(np.int64),
+                "k_positions": (2 * np.arange(Lk) + start + offset).astype(np.int64),
+            }
+        if self.kind == "gapped-queries":
+            q = np.arange(Lq, dtype=np.int64)
+            q[Lq // 2 :] += 2
+            return {"q_positions": q}
+        if self.kind == "unsigned":
+            return {
+                "q_positions": rng.integers(0, Lk + 3, size=Lq).astype(np.uint8),
+                "k_positions": rng.integers(0, Lk + 3, size=Lk).astype(np.uint8),
+            }
+        if self.kind == "constant":
+            return {"q_positions": np.full(Lq, 1, dtype=np.int64), "k_positions": np.full(Lk, 4, dtype=np.int64)}
+        raise ValueError(f"Positions.kind: expected one of {', '.join(self.KINDS)}, got {self.kind!r}")
 
     @property
     def features(self):

@@ -36,6 +36,20 @@ H8 = AttentionSpec(num_heads=2, head_dim=4, relative=Huang(8))
 
 D6 = Dims(2, 6, 6)
 CROSS = Dims(2, 5, 7)
+#: A bias offset that makes every logit about +-1000: exp overflows (or underflows every key) unless the
+#: row maximum is subtracted (SOFTMAX-1). The cases are float32 only: float16 and bfloat16 cannot hold
+#: such a bias to better than a few units, and in float64 a logit of 1000 is rounded at 1e-13, so the
+#: association of its terms (bias, content, relative term), which no rule fixes, moves the result by
+#: more than the float64 budgets (PREC-2 prices the order of the contractions, not of these sums).
+LARGE = 1000.0
+WIDE = ("float32",)
+#: A mask_fill near the logits' own size (MASK-6): a filled key keeps a visible weight.
+MODERATE_FILL = -1.5
+#: (b, h, i): query row i empty in batch element b and head h only (the others attend).
+RAGGED_ROWS = ((0, 0, 1), (0, 1, 3), (1, 1, 0))
+#: (b, h, j): key j masked for every query of (b, h) only. Key 6 of batch element 0 is masked in
+#: both heads (dead there, MASK-7) and alive in batch element 1; keys 2 and 4 are masked in one head.
+RAGGED_KEYS = ((0, 0, 2), (1, 1, 4), (0, 0, 6), (0, 1, 6))
 
 
 def _cases() -> list[Case]:
@@ -53,6 +67,29 @@ def _cases() -> list[Case]:
     # SHAPE-2's second half: with key given and value omitted, value = key (not the query); in
     # self-attention the two readings coincide, so only a cross case can tell them apart
     add(Case("vanilla/cross/value-omitted", CORE + ("SHAPE-2",), V, D6, value_omitted=True))
+
+    # logits near +1000 and -1000 (SOFTMAX-1: exp overflows or underflows without the row maximum, also
+    # in rows with masked keys)
+    add(
+        Case(
+            "vanilla/cross/large-logits",
+            ("SOFTMAX-1", "BIAS-1", "PREC-3"),
+            V,
+            CROSS,
+            recipes=(Bias("BHQK", offset=LARGE), Mask("B1QK")),
+            dtypes=WIDE,
+        )
+    )
+    add(
+        Case(
+            "vanilla/cross/very-negative-logits",
+            ("SOFTMAX-1", "BIAS-1", "PREC-3"),
+            V,
+            CROSS,
+            recipes=(Bias("BHQK", offset=-LARGE),),
+            dtypes=WIDE,
+        )
+    )
 
     # ------------------------------------------------------------ causal
     C = replace(V, causal=True)
@@ -87,6 +124,37 @@ def _cases() -> list[Case]:
         )
     )
 
+    # positions that differ per batch element, unsorted, with explicit keys: causality follows them
+    add(
+        Case(
+            "causal/cross/random-positions-per-batch",
+            ("CAUSAL-1", "POS-1", "POS-3", "GRAD-2"),
+            C,
+            CROSS,
+            recipes=(Positions("random-per-batch"),),
+        )
+    )
+    add(
+        Case(
+            "causal/cross/random-queries",
+            ("CAUSAL-1", "POS-1", "POS-3"),
+            C,
+            CROSS,
+            recipes=(Positions("random-queries"),),
+        )
+    )
+    add(
+        Case(
+            "causal/self/long-L640",
+            ("CAUSAL-1", "POS-3", "SOFTMAX-1"),
+            AttentionSpec(num_heads=1, head_dim=4, causal=True),
+            Dims(1, 640, 640),
+            self_attention=True,
+            store_weights=False,
+            notes="three query tiles of every tiled kernel; weights not stored",
+        )
+    )
+
     # ------------------------------------------------------------- masks
     for pattern, rank_rules in (("K", ()), ("QK", ()), ("HQK", ()), ("B1QK", ()), ("BHQK", ())):
         add(
@@ -114,6 +182,17 @@ def _cases() -> list[Case]:
     add(Case("mask/fully-masked-rows", ("MASK-4", "MASK-5", "GRAD-2"), V, CROSS, recipes=(Mask("B1QK", empty_rows=2),)))
     add(Case("mask/and-causal", ("MASK-2", "CAUSAL-1", "MASK-4"), C, D6, self_attention=True, recipes=(Mask("B1QK"),)))
 
+    # rows empty in some heads only, keys masked in one head only, a key dead in one batch element only
+    add(
+        Case(
+            "mask/ragged-heads-and-batch",
+            ("MASK-1", "MASK-4", "MASK-5", "MASK-7", "GRAD-2"),
+            V,
+            CROSS,
+            recipes=(Mask("BHQK", density=0.85, empty_cells=RAGGED_ROWS, dead_cells=RAGGED_KEYS),),
+        )
+    )
+
     # -------------------------------------------------------------- bias
     add(Case("bias/full-BHQK", ("BIAS-1", "SCALE-4", "GRAD-1"), V, CROSS, recipes=(Bias("BHQK"),)))
     add(Case("bias/broadcast-QK", ("BIAS-1", "SCALE-4"), V, CROSS, recipes=(Bias("QK"),)))
@@ -130,10 +209,33 @@ def _cases() -> list[Case]:
         )
     )
 
+    # keys removed by the bias alone, a different key in each batch element; a singleton query axis
+    add(
+        Case(
+            "bias/minus-inf-dead-keys-B11K",
+            ("BIAS-1", "BIAS-2", "MASK-4", "MASK-7", "GRAD-1", "GRAD-2"),
+            V,
+            CROSS,
+            recipes=(Bias("B11K", dead_keys=((0, 1), (1, 5))),),
+        )
+    )
+
     # --------------------------------------------------------- mask_fill
     F = replace(V, mask_fill=-1e9)
     add(Case("mask-fill/-1e9/fully-masked-rows", ("MASK-6",), F, CROSS, recipes=(Mask("B1QK", empty_rows=1),)))
     add(Case("mask-fill/-1e9/causal", ("MASK-6", "CAUSAL-1"), replace(F, causal=True), D6, self_attention=True))
+
+    # a fill near the logits (MASK-6): where the fill goes and what it replaces shows in the result;
+    # a bias constant along the keys (singleton key axis) is visible only through the filled keys
+    add(
+        Case(
+            "mask-fill/moderate/causal-bias-mask",
+            ("MASK-6", "MASK-2", "CAUSAL-1", "BIAS-1", "SCALE-4", "PROJ-1", "GRAD-1"),
+            replace(V, mask_fill=MODERATE_FILL, causal=True),
+            CROSS,
+            recipes=(Bias("BHQ1"), Mask("B1QK", empty_rows=1)),
+        )
+    )
 
     # ------------------------------------------------------------ dropout
     P = replace(V, dropout=0.3)
@@ -216,6 +318,78 @@ def _cases() -> list[Case]:
         )
     )
 
+    add(
+        Case(
+            "shaw/k2/cross/per-batch-offsets-causal",
+            REL + SHAW + ("POS-1", "POS-2", "POS-3", "CAUSAL-1", "MASK-5", "MASK-7"),
+            replace(S2, causal=True),
+            CROSS,
+            recipes=(Positions("per-batch-offsets"),),
+        )
+    )
+    add(
+        Case(
+            "shaw/k2/cross/custom-scale-random-queries",
+            REL + SHAW + ("SCALE-1", "POS-1"),
+            replace(S2, scale=0.7),
+            CROSS,
+            recipes=(Positions("random-queries"),),
+        )
+    )
+    add(
+        Case(
+            "shaw/k2/cross/mask-fill-moderate",
+            REL + SHAW + ("MASK-6", "BIAS-1", "SCALE-4"),
+            replace(S2, mask_fill=MODERATE_FILL, causal=True),
+            CROSS,
+            recipes=(Bias("1HQK"), Mask("B1QK", empty_rows=1)),
+        )
+    )
+    add(
+        Case(
+            "shaw/k2/cross/ragged-heads-per-head",
+            SHAW + ("MASK-4", "MASK-5", "MASK-7", "BIAS-2", "GRAD-2"),
+            replace(S2, relative=Shaw(2, per_head=True)),
+            CROSS,
+            recipes=(
+                Mask("BHQK", density=0.85, empty_cells=RAGGED_ROWS, dead_cells=RAGGED_KEYS),
+                Bias("B11K", dead_keys=((1, 0),)),
+            ),
+        )
+    )
+    add(
+        Case(
+            "shaw/k3/self/causal-long-L640",
+            SHAW + ("CAUSAL-1", "SHAW-5"),
+            AttentionSpec(num_heads=1, head_dim=4, relative=Shaw(3), causal=True),
+            Dims(1, 640, 640),
+            self_attention=True,
+            store_weights=False,
+            notes="three query tiles of every tiled kernel; weights not stored",
+        )
+    )
+
+    add(
+        Case(
+            "shaw/k2/cross/large-logits",
+            REL + SHAW + ("SOFTMAX-1", "PREC-3"),
+            S2,
+            CROSS,
+            recipes=(Bias("1HQK", offset=LARGE),),
+            dtypes=WIDE,
+        )
+    )
+
+    add(
+        Case(
+            "shaw/k2/cross/causal-unsigned-positions",
+            SHAW + ("POS-1", "POS-2", "CAUSAL-1"),
+            replace(S2, causal=True),
+            CROSS,
+            recipes=(Positions("unsigned"),),
+        )
+    )
+
     # -------------------------------------------------------------- Huang
     add(Case("huang/M8/self/per-head", CORE + REL + HUANG + ("SHAPE-2",), H8, D6, self_attention=True))
     add(
@@ -287,6 +461,106 @@ def _cases() -> list[Case]:
             self_attention=True,
             store_weights=False,
             notes="long sequence, one head of 4 channels: small in bytes; weights not stored",
+        )
+    )
+
+    add(
+        Case(
+            "huang/M3/self/causal-beyond-table",
+            REL + HUANG + ("HUANG-3", "CAUSAL-1"),
+            replace(H8, relative=Huang(3), causal=True),
+            D6,
+            self_attention=True,
+        )
+    )
+    add(
+        Case(
+            "huang/M3/cross/causal-random-queries",
+            HUANG + ("HUANG-3", "POS-1", "POS-3", "CAUSAL-1", "MASK-5", "MASK-7"),
+            replace(H8, relative=Huang(3), causal=True),
+            CROSS,
+            recipes=(Positions("random-queries"),),
+        )
+    )
+    add(
+        Case(
+            "huang/M5/cross/custom-scale-per-batch-offsets-causal",
+            REL + HUANG + ("HUANG-3", "SCALE-1", "POS-1", "POS-2", "POS-3", "CAUSAL-1"),
+            replace(H8, relative=Huang(5), scale=0.7, causal=True),
+            CROSS,
+            recipes=(Positions("per-batch-offsets"),),
+        )
+    )
+    add(
+        Case(
+            "huang/M4/cross/mask-fill-moderate",
+            REL + HUANG + ("HUANG-3", "MASK-6", "CAUSAL-1"),
+            replace(H8, relative=Huang(4), mask_fill=MODERATE_FILL, causal=True),
+            CROSS,
+            recipes=(Mask("B1QK", empty_rows=1),),
+        )
+    )
+    add(
+        Case(
+            "huang/M4/cross/ragged-heads-shared",
+            HUANG + ("MASK-4", "MASK-5", "MASK-7", "BIAS-2", "GRAD-2"),
+            replace(H8, relative=Huang(4, per_head=False)),
+            CROSS,
+            recipes=(
+                Mask("BHQK", density=0.85, empty_cells=RAGGED_ROWS, dead_cells=RAGGED_KEYS),
+                Bias("BH1K", dead_keys=((1, 0),)),
+            ),
+        )
+    )
+
+    add(
+        Case(
+            "huang/M5/cross/very-negative-logits",
+            REL + HUANG + ("SOFTMAX-1", "PREC-3"),
+            replace(H8, relative=Huang(5)),
+            CROSS,
+            recipes=(Bias("1HQK", offset=-LARGE),),
+            dtypes=WIDE,
+        )
+    )
+
+    # the skew of consecutive positions against the gather of any others (HUANG-4 lets an
+    # implementation choose; the choice must follow the positions): position patterns that are
+    # nearly consecutive, B != H, one-row tables
+    add(
+        Case(
+            "huang/M3/cross/strided-positions-B3",
+            HUANG + ("HUANG-3", "POS-1", "POS-2"),
+            replace(H8, relative=Huang(3)),
+            Dims(3, 4, 5),
+            recipes=(Positions("strided-per-batch"),),
+        )
+    )
+    add(
+        Case(
+            "huang/M1/cross/gapped-queries",
+            HUANG + ("HUANG-3", "POS-1"),
+            replace(H8, relative=Huang(1)),
+            CROSS,
+            recipes=(Positions("gapped-queries"),),
+        )
+    )
+    add(
+        Case(
+            "huang/M8/cross/constant-positions-L2",
+            HUANG + ("POS-1", "POS-2"),
+            H8,
+            Dims(2, 2, 2),
+            recipes=(Positions("constant"),),
+        )
+    )
+    add(
+        Case(
+            "huang/M1/self/causal-one-row-table",
+            REL + HUANG + ("HUANG-3", "CAUSAL-1"),
+            replace(H8, relative=Huang(1), causal=True),
+            D6,
+            self_attention=True,
         )
     )
 
@@ -373,6 +647,46 @@ def _cases() -> list[Case]:
             dtypes=("float64", "float32"),
         )
     )
+    for kind, error, rules, spec in (
+        ("int-mask", "TypeError", ("MASK-3",), V),
+        ("mask-B-Lk", "ValueError", ("MASK-1",), V),
+        ("mask-wrong-size", "ValueError", ("MASK-1",), V),
+        ("keep-not-boolean", "TypeError", ("DROP-1",), P),
+        ("keep-broadcast", "ValueError", ("DROP-1",), P),
+        ("params-extra", "ValueError", ("PARAM-2",), S2),
+        ("params-misshaped", "ValueError", ("PARAM-2",), V),
+        ("positions-wrong-length", "ValueError", ("POS-1",), S2),
+    ):
+        add(
+            Case(
+                f"errors/{kind}",
+                ("INPUT-1",) + rules,
+                spec,
+                CROSS,
+                expect_error=error,
+                error_inputs=kind,
+                dtypes=("float64", "float32"),
+            )
+        )
+    # what only the reference's entry points promise (REFERENCE_FEATURES in conformance/adapters/base.py)
+    for kind, error, rules, needs in (
+        ("bias-nan", "ValueError", ("BIAS-2",), "rejects-bad-bias-values"),
+        ("bias-plus-inf", "ValueError", ("BIAS-2",), "rejects-bad-bias-values"),
+        ("grad-out-integer", "TypeError", ("GRAD-1",), "validates-vjp-input"),
+        ("grad-out-misshaped", "ValueError", ("GRAD-1",), "validates-vjp-input"),
+    ):
+        add(
+            Case(
+                f"errors/reference/{kind}",
+                ("INPUT-1",) + rules,
+                V,
+                CROSS,
+                expect_error=error,
+                error_inputs=kind,
+                dtypes=("float64", "float32"),
+                extra_features=frozenset({needs}),
+            )
+        )
     return c
 
 

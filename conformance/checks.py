@@ -121,29 +121,69 @@ def twin_case(case: Case, twin) -> Case:
     return replace(case, spec=twin.spec or case.spec, recipes=recipes, twins=(), extra_features=frozenset(extra))
 
 
+#: name: (the argument the error must name (INPUT-1), what the bad input is)
 ERROR_INPUTS = {
-    # name: (description, transformation of (spec, params, inputs))
-    "float-mask": "a float mask of ones instead of a boolean mask (MASK-3)",
-    "keep-without-dropout": "a keep mask while spec.dropout == 0 (DROP-2)",
-    "params-missing": "a parameter dict without rel_v (PARAM-2)",
-    "float-positions": "float q_positions (POS-1)",
+    "float-mask": ("mask", "a float mask of ones instead of a boolean mask (MASK-3)"),
+    "int-mask": ("mask", "an integer mask of ones instead of a boolean mask (MASK-3)"),
+    "mask-B-Lk": ("mask", "a (B, Lk) key-padding mask without its singleton axes, B != Lq (MASK-1)"),
+    "mask-wrong-size": ("mask", "a (Lq, Lk + 1) mask (MASK-1)"),
+    "keep-without-dropout": ("dropout_keep", "a keep mask while spec.dropout == 0 (DROP-2)"),
+    "keep-not-boolean": ("dropout_keep", "a float keep mask of ones (DROP-1, INPUT-1)"),
+    "keep-broadcast": ("dropout_keep", "a boolean keep mask of shape (Lq, Lk), not (B, H, Lq, Lk) (DROP-1)"),
+    "params-missing": ("params", "a parameter dict without rel_v (PARAM-2)"),
+    "params-extra": ("params", "a parameter dict with an extra entry (PARAM-2)"),
+    "params-misshaped": ("params", "bq of shape (D + 1,) (PARAM-2)"),
+    "float-positions": ("q_positions", "float q_positions (POS-1)"),
+    "positions-wrong-length": ("k_positions", "k_positions of length Lk + 1 (POS-1)"),
+    "bias-nan": ("bias", "one NaN among finite bias entries (BIAS-2, the reference)"),
+    "bias-plus-inf": ("bias", "one +inf among finite bias entries (BIAS-2, the reference)"),
+    "grad-out-integer": ("grad_out", "an integer grad_out for the gradient call (INPUT-1, the reference's vjp)"),
+    "grad-out-misshaped": ("grad_out", "a grad_out of shape (B, Lq, D + 1) (INPUT-1, the reference's vjp)"),
 }
+#: Error inputs given to the gradient call (``vjp``) instead of the forward call.
+VJP_ERRORS = frozenset({"grad-out-integer", "grad-out-misshaped"})
 
 
-def bad_call(kind: str, case: Case, params: dict, inputs: dict):
+def bad_call(kind: str, case: Case, params: dict, inputs: dict, grad_out: np.ndarray):
+    """(params, inputs, grad_out) of a call with one bad argument."""
     B, H, Lq, Lk = case.dims.B, case.spec.num_heads, case.dims.Lq, case.dims.Lk
     params, inputs = dict(params), dict(inputs)
     if kind == "float-mask":
         inputs["mask"] = np.ones((Lq, Lk), dtype=inputs["query"].dtype)
+    elif kind == "int-mask":
+        inputs["mask"] = np.ones((Lq, Lk), dtype=np.int64)
+    elif kind == "mask-B-Lk":
+        assert B not in (1, Lq), "a (B, Lk) mask is only misread when B is neither 1 nor Lq"
+        inputs["mask"] = np.ones((B, Lk), dtype=bool)
+    elif kind == "mask-wrong-size":
+        inputs["mask"] = np.ones((Lq, Lk + 1), dtype=bool)
     elif kind == "keep-without-dropout":
         inputs["dropout_keep"] = np.ones((B, H, Lq, Lk), dtype=bool)
+    elif kind == "keep-not-boolean":
+        inputs["dropout_keep"] = np.ones((B, H, Lq, Lk), dtype=inputs["query"].dtype)
+    elif kind == "keep-broadcast":
+        inputs["dropout_keep"] = np.ones((Lq, Lk), dtype=bool)
     elif kind == "params-missing":
         params.pop("rel_v")
+    elif kind == "params-extra":
+        params["rel_q"] = params["wq"].copy()
+    elif kind == "params-misshaped":
+        params["bq"] = np.zeros(params["bq"].shape[0] + 1, dtype=params["bq"].dtype)
     elif kind == "float-positions":
         inputs["q_positions"] = np.arange(Lq, dtype=np.float64)
+    elif kind == "positions-wrong-length":
+        inputs["k_positions"] = np.arange(Lk + 1, dtype=np.int64)
+    elif kind in ("bias-nan", "bias-plus-inf"):
+        bias = np.zeros((Lq, Lk), dtype=inputs["query"].dtype)
+        bias[Lq // 2, Lk // 2] = np.nan if kind == "bias-nan" else np.inf
+        inputs["bias"] = bias
+    elif kind == "grad-out-integer":
+        grad_out = np.ones(grad_out.shape, dtype=np.int64)
+    elif kind == "grad-out-misshaped":
+        grad_out = np.zeros(grad_out.shape[:-1] + (grad_out.shape[-1] + 1,), dtype=grad_out.dtype)
     else:
         raise ValueError(f"error inputs: expected one of {sorted(ERROR_INPUTS)}, got {kind!r}")
-    return params, inputs
+    return params, inputs, grad_out
 
 
 # -------------------------------------------------------------- comparisons
@@ -228,10 +268,12 @@ class CaseRun:
         except Exception as e:  # a declared capability that fails is a failure
             self.add("forward", "fail", forward_rules, message=_exception(e))
             return self.results
-        self.judge("out", tuple(r for r in forward_rules if r not in OUT_BLIND), result.get("out"), "out")
+        out_rules = tuple(r for r in forward_rules if r not in OUT_BLIND)
+        self.judge("out", out_rules, result.get("out"), "out")
         weights = result.get("weights")
         if self.caps.weights and case.store_weights:
             self.judge("weights", tuple(r for r in forward_rules if r not in WEIGHTS_BLIND), weights, "weights")
+            self.run_without_weights(out_rules)
         self.run_exact(result)
         self.run_poison(result)
         self.run_twins()
@@ -241,28 +283,53 @@ class CaseRun:
         return self.results
 
     def run_error(self):
+        """INPUT-1: the bad input is rejected with the expected type, and the message names the argument."""
         kind = self.case.error_inputs
-        params, inputs = bad_call(kind, self.case, self.params, self.inputs)
+        argument, what = ERROR_INPUTS[kind]
+        params, inputs, grad_out = bad_call(kind, self.case, self.params, self.inputs, self.grad_out)
         expected = {"TypeError": TypeError, "ValueError": ValueError}[self.case.expect_error]
+        check, rules = f"rejects/{kind}", self.case.all_rules
         try:
-            self.forward(inputs, params=params, need_weights=False)
+            if kind in VJP_ERRORS:
+                self.adapter.vjp(self.case.spec, params, with_explicit_kv(inputs), grad_out, device=self.device)
+            else:
+                self.forward(inputs, params=params, need_weights=False)
         except expected as e:
-            self.add(f"rejects/{kind}", "pass", self.case.all_rules, message=f"{type(e).__name__}: {e}")
+            named = str(e).startswith(argument)
+            message = f"{type(e).__name__}: {e}"
+            if not named:
+                message = f"expected a message starting with the argument {argument!r} (INPUT-1), got {message}"
+            self.add(check, "pass" if named else "fail", rules, message=message)
             return
         except Exception as e:
-            self.add(
-                f"rejects/{kind}",
-                "fail",
-                self.case.all_rules,
-                message=f"expected {expected.__name__} for {ERROR_INPUTS[kind]}, {_exception(e)}",
-            )
+            self.add(check, "fail", rules, message=f"expected {expected.__name__} for {what}, {_exception(e)}")
             return
-        self.add(
-            f"rejects/{kind}",
-            "fail",
-            self.case.all_rules,
-            message=f"expected {expected.__name__} for {ERROR_INPUTS[kind]}, but the call returned",
-        )
+        self.add(check, "fail", rules, message=f"expected {expected.__name__} for {what}, but the call returned")
+
+    def run_without_weights(self, rules):
+        """The output of a call that does not ask for weights: often another code path (a fused kernel)."""
+        try:
+            result = self.forward(self.inputs, need_weights=False)
+        except Exception as e:
+            self.add("out/no-weights", "fail", rules, message=_exception(e))
+            return
+        self.judge("out/no-weights", rules, result.get("out"), "out")
+
+    def poisoned(self, inputs: dict, value: float) -> dict:
+        """The inputs with the key and value rows of dead keys (MASK-7) set to ``value``."""
+        dead = self.tensors["exact/dead_keys"]
+        inputs = dict(inputs)
+        for name in ("key", "value"):  # an omitted value is the key, poisoned with it (SHAPE-2)
+            if name not in inputs:
+                continue
+            a = inputs[name].copy()
+            a[dead] = value
+            inputs[name] = a
+        return inputs
+
+    def has_dead_keys(self) -> bool:
+        dead = self.tensors.get("exact/dead_keys")
+        return dead is not None and bool(dead.any()) and not self.case.self_attention
 
     def run_exact(self, result):
         """MASK-5 / PREC-3: fully masked rows give weights exactly 0 and out exactly bo."""
@@ -291,19 +358,11 @@ class CaseRun:
 
     def run_poison(self, clean):
         """MASK-7: key/value rows of dead keys cannot change anything, NaN included."""
-        dead = self.tensors.get("exact/dead_keys")
-        if dead is None or not dead.any() or self.case.self_attention:
+        if not self.has_dead_keys():
             return
         for check, value in POISONS.items():
-            inputs = dict(self.inputs)
-            for name in ("key", "value"):  # an omitted value is the key, poisoned with it (SHAPE-2)
-                if name not in inputs:
-                    continue
-                a = inputs[name].copy()
-                a[dead] = value
-                inputs[name] = a
             try:
-                poisoned = self.forward(inputs)
+                poisoned = self.forward(self.poisoned(self.inputs, value))
             except Exception as e:
                 self.add(check, "fail", ("MASK-7", "PREC-3"), message=_exception(e))
                 continue
@@ -315,6 +374,26 @@ class CaseRun:
                 ("MASK-7", "PREC-3"),
                 max_abs=None if same else diff,
                 message="" if same else f"poisoned dead keys changed the result (max |diff| {diff:.3g})",
+            )
+
+    def run_poisoned_gradients(self, clean: dict):
+        """MASK-7 covers every gradient: poisoned dead keys leave each one exactly as it was."""
+        explicit = with_explicit_kv(self.inputs)
+        for poison, value in POISONS.items():
+            check = f"grad/{poison}"
+            try:
+                grads = self.adapter.vjp(
+                    self.case.spec, self.params, self.poisoned(explicit, value), self.grad_out, device=self.device
+                )
+            except Exception as e:
+                self.add(check, "fail", ("MASK-7", "PREC-3"), message=_exception(e))
+                continue
+            changed = sorted(n for n in clean if not np.array_equal(np.asarray(clean[n]), np.asarray(grads.get(n))))
+            self.add(
+                check,
+                "fail" if changed else "pass",
+                ("MASK-7", "PREC-3"),
+                message=f"poisoned dead keys changed the gradients of {', '.join(changed)}" if changed else "",
             )
 
     def run_twins(self):
@@ -345,6 +424,8 @@ class CaseRun:
         prefix = f"{self.dtype}/golden/grad/"
         for name in sorted(n[len(prefix) :] for n in self.tensors if n.startswith(prefix)):
             self.judge(f"grad/{name}", rules, grads.get(name), f"grad/{name}")
+        if self.has_dead_keys():
+            self.run_poisoned_gradients(grads)
 
     def run_hooks(self):
         spec = self.case.spec

@@ -121,7 +121,8 @@ def exact_data(case: Case, master: dict) -> dict:
     opt = master["optional"]
     qp = opt.get("q_positions", np.arange(Lq))
     kp = opt.get("k_positions", np.arange(Lk))
-    delta = relative_distance(np.asarray(qp).reshape(-1, Lq), np.asarray(kp).reshape(-1, Lk))
+    qp, kp = np.asarray(qp, np.int64).reshape(-1, Lq), np.asarray(kp, np.int64).reshape(-1, Lk)  # no wrap
+    delta = relative_distance(qp, kp)
     allowed = allowed_keys(
         (B, H, Lq, Lk), delta, causal=case.spec.causal, mask=opt.get("mask"), bias=master["dense"].get("bias")
     )

@@ -4,18 +4,19 @@ A test fails when any check of its cell fails (expected deviations listed in
 conformance/deviations.json are allowed, strictly); a cell the adapter
 cannot run is skipped with the reason the harness gives.
 
-Every built-in adapter runs here, with two exceptions that keep the suite
+Every built-in adapter runs here, with these exceptions that keep the suite
 under ten minutes on 2 cores (XLA compiles about 0.8 s per program, one per
-case and dtype); ``.ci/run`` runs both in full through ``python -m
+case and dtype); ``.ci/run`` runs them in full through ``python -m
 conformance run``, and so does the quick start's first command:
 
 - ``jax``, jax_impl's automatic kernel choice: for every case it resolves
   to exactly the kernel object ``jax:tiles`` pins
   (``test_jax_automatic_choice_is_the_tiles_kernel`` checks this case by
   case), so its cells would run the same programs again;
-- the 16-bit cells of ``jax:xla``, the readable baseline (its float64 and
-  float32 cells run here; its 16-bit arithmetic is the tiles kernel's per
-  block, which runs here in every dtype).
+- the 16-bit cells of ``jax:xla`` and ``jax:tiles`` (their float64 and
+  float32 cells run here; the 16-bit arithmetic of jax_impl is tested here
+  by tests/test_jax_impl.py in every dtype, and cell by cell
+  by ``.ci/run``).
 """
 
 import pytest
@@ -29,7 +30,11 @@ from conformance.store import load_case, load_manifest
 MANIFEST = load_manifest()
 DEVIATIONS = runner.load_deviations()
 #: adapter -> the dtypes whose cells only `python -m conformance run` (and .ci/run) covers
-CLI_ONLY = {"jax": ("float64", "float32", "bfloat16", "float16"), "jax:xla": ("bfloat16", "float16")}
+CLI_ONLY = {
+    "jax": ("float64", "float32", "bfloat16", "float16"),
+    "jax:xla": ("bfloat16", "float16"),
+    "jax:tiles": ("bfloat16", "float16"),
+}
 ADAPTERS = {name: load_adapter(name) for name in BUILTIN if len(CLI_ONLY.get(name, ())) < 4}
 CELLS = [c for c in runner.matrix(runner.Plan(list(ADAPTERS.values()))) if c[3] not in CLI_ONLY.get(c[0].name, ())]
 

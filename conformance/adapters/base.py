@@ -25,6 +25,8 @@ and inputs use; see ``conformance.cases.Case.features``):
     per-head-tables      per_head=True tables (REL-2)
     unscaled-relative    scale_relative=False (SCALE-3)
     validates-input      rejects bad arguments per INPUT-1 (error cases)
+    rejects-bad-bias-values, validates-vjp-input
+                         the reference's own checks (REFERENCE_FEATURES, not in the default set)
 """
 
 from __future__ import annotations
@@ -55,6 +57,11 @@ FEATURES = frozenset(
         "validates-input",
     }
 )
+#: Checks that only the reference's own entry points promise, declared by its adapter alone (not in the
+#: default feature set): BIAS-2's rejection of NaN and +inf in ``bias`` ("elsewhere they give an
+#: unspecified result"), and the argument checks of ``numpy_ref.attention_vjp`` (a framework's gradient
+#: comes from its autodiff, which has no entry point of the implementation's to check ``grad_out``).
+REFERENCE_FEATURES = frozenset({"rejects-bad-bias-values", "validates-vjp-input"})
 DTYPES = ("float64", "float32", "bfloat16", "float16")
 
 
@@ -69,9 +76,10 @@ class Capabilities:
     unsupported: dict = field(default_factory=dict)  # (device, dtype) -> why that pair cannot run
 
     def __post_init__(self):
-        unknown = set(self.features) - FEATURES
+        unknown = set(self.features) - FEATURES - REFERENCE_FEATURES
         if unknown:
-            raise ValueError(f"Capabilities.features: expected names from {sorted(FEATURES)}, got {sorted(unknown)}")
+            known = sorted(FEATURES | REFERENCE_FEATURES)
+            raise ValueError(f"Capabilities.features: expected names from {known}, got {sorted(unknown)}")
 
 
 class Adapter(abc.ABC):

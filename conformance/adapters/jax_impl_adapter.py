@@ -29,13 +29,17 @@ class JaxImplAdapter(_jax.JaxAdapter):
     @staticmethod
     @functools.lru_cache(maxsize=None)
     def _compiled(spec, precision, implementation):
-        """(out, weights, grads) = f(params, diff_inputs, other_inputs, grad_out), jitted per spec."""
+        """(out_w, weights, out, grads) = f(params, diff_inputs, other_inputs, grad_out), jitted per spec.
+
+        One program per case and dtype holds the call that asks for weights, the call that does not (a
+        kernel's other path), and the gradients of the latter (what training differentiates).
+        """
         import jax
 
         import jax_impl
 
         def fwd_vjp(params, diff, other, g, omitted):
-            def f(params, diff):
+            def f(params, diff, weights):
                 with jax.default_matmul_precision(precision):
                     return jax_impl.attention(
                         spec,
@@ -45,17 +49,18 @@ class JaxImplAdapter(_jax.JaxAdapter):
                         diff.get("value"),
                         bias=diff.get("bias"),
                         **other,
-                        return_weights=True,
+                        return_weights=weights,
                         implementation=implementation,
                     )
 
-            out, pullback, weights = jax.vjp(f, params, diff, has_aux=True)
+            # The forward of a case that omits key and/or value (SHAPE-2) is called without them,
+            # while its gradients are partials for three separate inputs: both in one program.
+            called = {n: a for n, a in diff.items() if n not in omitted}
+            out_w, weights = f(params, called, True)
+            out, pullback = jax.vjp(lambda p, d: f(p, d, False), params, diff)
             if omitted:
-                # The forward of a case that omits key and/or value (SHAPE-2) is called without them,
-                # while its gradients are partials for three separate inputs: both in one program, so
-                # that each case compiles once.
-                out, weights = f(params, {n: a for n, a in diff.items() if n not in omitted})
-            return out, weights, pullback(g)
+                out = f(params, called, False)
+            return out_w, weights, out, pullback(g)
 
         return jax.jit(fwd_vjp, static_argnames="omitted")
 
@@ -81,14 +86,13 @@ class JaxImplAdapter(_jax.JaxAdapter):
         return fn(p, diff, other, g, omitted=omitted)
 
     def forward(self, spec, params, inputs, *, device, need_weights):
-        out, weights, _ = self._run(spec, params, inputs, None, device)
-        result = {"out": np.asarray(out)}
+        out_w, weights, out, _ = self._run(spec, params, inputs, None, device)
         if need_weights:
-            result["weights"] = np.asarray(weights)
-        return result
+            return {"out": np.asarray(out_w), "weights": np.asarray(weights)}
+        return {"out": np.asarray(out)}
 
     def vjp(self, spec, params, inputs, grad_out, *, device):
-        _, _, (g_params, g_inputs) = self._run(spec, params, inputs, grad_out, device)
+        _, _, _, (g_params, g_inputs) = self._run(spec, params, inputs, grad_out, device)
         return {n: np.asarray(g) for n, g in {**g_params, **g_inputs}.items()}
 
     def roundtrip_params(self, spec, params):

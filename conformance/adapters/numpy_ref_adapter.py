@@ -10,7 +10,7 @@ import numpy as np
 
 import numpy_ref
 
-from .base import Adapter, Capabilities
+from .base import FEATURES, REFERENCE_FEATURES, Adapter, Capabilities
 
 KWARGS = ("mask", "bias", "q_positions", "k_positions", "dropout_keep")
 
@@ -20,7 +20,7 @@ class NumpyRefAdapter(Adapter):
     description = "numpy_ref, the float64 reference (PREC-1)"
 
     def capabilities(self) -> Capabilities:
-        return Capabilities()
+        return Capabilities(features=FEATURES | REFERENCE_FEATURES)
 
     def forward(self, spec, params, inputs, *, device, need_weights):
         kw = {n: inputs[n] for n in KWARGS if n in inputs}

@@ -22,7 +22,7 @@ def positions(p: Optional[np.ndarray], length: int) -> np.ndarray:
     """POS-1, POS-3: positions as (1|B, L) integers; None means ``arange(L)``."""
     if p is None:
         return np.arange(length).reshape(1, length)
-    return np.asarray(p).reshape(-1, length)
+    return np.asarray(p).astype(np.int64).reshape(-1, length)  # any integer dtype; k - q must not wrap
 
 
 def relative_distance(q_positions: np.ndarray, k_positions: np.ndarray) -> np.ndarray:
