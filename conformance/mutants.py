@@ -8,11 +8,18 @@ CPU and declare every feature, so every case can expose them.
 
 from __future__ import annotations
 
-from dataclasses import replace
+import math
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 import numpy_ref
+from numpy_ref import schemes
+from numpy_ref._inputs import Call, prepare
+from numpy_ref.forward import context, project
+from numpy_ref.heads import merge_heads, split_heads
+from numpy_ref.masking import allowed_keys, dead_keys, masked_softmax, relative_distance
+from numpy_ref.relative import as_4d, gather_logits
 from spec import Shaw
 
 from .adapters.base import Capabilities
@@ -286,6 +293,493 @@ class ValueDefaultsToQuery(Mutant):
         return super().forward(spec, params, inputs, device=device, need_weights=need_weights)
 
 
+# ------------------------------------------------ a forward pass with one step changed
+@dataclass
+class _Logits:
+    """The reference's forward pass up to the softmax, in pieces a mutant can recombine."""
+
+    call: Call
+    hooks: schemes.Bound
+    ctx: schemes.Context
+    delta: np.ndarray  # (1|B, Lq, Lk)
+    allowed: np.ndarray  # (B, H, Lq, Lk)
+    q: np.ndarray  # (B, H, Lq, d)
+    v: np.ndarray  # (B, H, Lk, d)
+    content: np.ndarray  # s * q @ k.T
+    term: object  # s_rel * the scheme's key term, or 0.0
+    bias: object  # the scheme's bias plus the bias input, or 0.0
+
+    @property
+    def logits(self):
+        return self.content + self.term + self.bias
+
+
+def _logits(spec, params, inputs, dead=None) -> _Logits:
+    """The reference's steps up to the logits; ``dead(spec, call, delta, allowed) -> (B, Lk)`` picks the zeroed keys."""
+    kw = {n: inputs.get(n) for n in KWARGS}
+    call = prepare(spec, params, inputs["query"], inputs.get("key"), inputs.get("value"), **kw)
+    p, (B, Lq, Lk), H = call.params, call.dims, spec.num_heads
+    hooks = schemes.bind(spec.relative)
+    delta = relative_distance(call.q_positions, call.k_positions)
+    ctx = context(spec, call, delta)
+    allowed = allowed_keys((B, H, Lq, Lk), delta, causal=spec.causal, mask=call.mask, bias=call.bias)
+    key, value = call.key, call.value
+    if spec.mask_fill is None:
+        gone = dead_keys(allowed) if dead is None else dead(spec, call, delta, allowed)
+        key = np.where(gone[..., None], 0.0, key)
+        value = np.where(gone[..., None], 0.0, value)
+    q = split_heads(project(call.query, p["wq"], p.get("bq")), H)
+    k = split_heads(project(key, p["wk"], p.get("bk")), H)
+    v = split_heads(project(value, p["wv"], p.get("bv")), H)
+    if hooks.uses("qk_transform"):
+        q, k, _ = hooks.call("qk_transform", p, q, k, ctx)
+    content = spec.effective_scale * (q @ k.swapaxes(-1, -2))
+    term = 0.0
+    if hooks.uses("key_term"):
+        term = spec.relative_scale * hooks.call("key_term", p, q, ctx)[0]
+    bias = 0.0
+    if hooks.uses("bias"):
+        bias = hooks.call("bias", p, ctx)[0]
+    if call.bias is not None:
+        bias = bias + call.bias
+    return _Logits(call, hooks, ctx, delta, allowed, q, v, content, term, bias)
+
+
+def _softmax(z):
+    """A plain softmax over the key axis (every key counts, as with a mask_fill)."""
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _finish(spec, lg: _Logits, weights, value_term_mask=None) -> dict:
+    """The reference's steps after the softmax: dropout, both value terms, merge, output projection."""
+    p, keep = lg.call.params, lg.call.dropout_keep
+    dropped = weights if keep is None else np.where(keep, weights / (1.0 - spec.dropout), 0.0)
+    o = dropped @ lg.v
+    if lg.hooks.uses("value_term"):
+        w = dropped if value_term_mask is None else np.where(value_term_mask, dropped, 0.0)
+        o = o + lg.hooks.call("value_term", p, w, lg.ctx)[0]
+    return {"out": project(merge_heads(o), p["wo"], p.get("bo")), "weights": weights}
+
+
+class _RecombinedMutant(Mutant):
+    """A mutant that computes the weights (or the value terms) its own way from the reference's logits."""
+
+    def applies(self, spec, inputs) -> bool:
+        return True
+
+    def dead(self, spec, call, delta, allowed):
+        return dead_keys(allowed)
+
+    def weights(self, spec, lg: _Logits):
+        return masked_softmax(lg.logits, lg.allowed, spec.mask_fill)
+
+    def value_term_mask(self, spec, lg: _Logits):
+        return None
+
+    def forward(self, spec, params, inputs, *, device, need_weights):
+        if not self.applies(spec, inputs):
+            return super().forward(spec, params, inputs, device=device, need_weights=need_weights)
+        lg = _logits(spec, params, inputs, self.dead)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            result = _finish(spec, lg, self.weights(spec, lg), self.value_term_mask(spec, lg))
+        return result if need_weights else {"out": result["out"]}
+
+
+def _positions_2d(inputs, name: str, L: int) -> np.ndarray:
+    """Positions as (1 or B, L), the default arange(L) when omitted (POS-1)."""
+    p = inputs.get(name)
+    return np.arange(L, dtype=np.int64)[None] if p is None else np.asarray(p, np.int64).reshape(-1, L)
+
+
+def _and_mask(inputs, extra) -> dict:
+    """The inputs with ``extra`` combined into the mask by AND."""
+    mask = inputs.get("mask")
+    return {**inputs, "mask": extra if mask is None else np.logical_and(mask, extra)}
+
+
+# --------------------------------------------------- positions that vary per batch element
+class QueryPositionsFromFirstBatch(Mutant):
+    rule = "POS-1"
+    description = "(B, Lq) query positions read from batch element 0 for every batch element"
+
+    def mutate_inputs(self, spec, inputs):
+        qp = inputs.get("q_positions")
+        if qp is not None and np.ndim(qp) == 2:
+            inputs["q_positions"] = np.asarray(qp)[0]
+        return inputs
+
+
+class KeyPositionsFromFirstBatch(Mutant):
+    rule = "POS-1"
+    description = "(B, Lk) key positions read from batch element 0 for every batch element"
+
+    def mutate_inputs(self, spec, inputs):
+        kp = inputs.get("k_positions")
+        if kp is not None and np.ndim(kp) == 2:
+            inputs["k_positions"] = np.asarray(kp)[0]
+        return inputs
+
+
+class DistancesFromFirstBatch(Mutant):
+    rule = "POS-2"
+    description = "relative distances computed once from batch element 0's positions and used for every element"
+
+    def mutate_inputs(self, spec, inputs):
+        for name in ("q_positions", "k_positions"):
+            p = inputs.get(name)
+            if p is not None and np.ndim(p) == 2:
+                inputs[name] = np.asarray(p)[0]
+        return inputs
+
+
+class CausalFromIndices(Mutant):
+    rule = "POS-3"
+    description = "with k_positions given, causality from indices (tril) instead of positions"
+
+    def forward(self, spec, params, inputs, *, device, need_weights):
+        if spec.causal and inputs.get("k_positions") is not None:
+            B, H, Lq, Lk = _defaults(spec, inputs)
+            spec, inputs = replace(spec, causal=False), _and_mask(inputs, np.tril(np.ones((Lq, Lk), dtype=bool)))
+        return super().forward(spec, params, inputs, device=device, need_weights=need_weights)
+
+
+class CausalIgnoresKeyPositions(Mutant):
+    rule = "CAUSAL-1"
+    description = "causality from the query positions against arange(Lk): k_positions ignored"
+
+    def forward(self, spec, params, inputs, *, device, need_weights):
+        if spec.causal:
+            B, H, Lq, Lk = _defaults(spec, inputs)
+            qp = _positions_2d(inputs, "q_positions", Lq)
+            causal = (np.arange(Lk)[None, None, :] <= qp[:, :, None])[:, None]  # (1|B, 1, Lq, Lk)
+            spec, inputs = replace(spec, causal=False), _and_mask(inputs, causal)
+        return super().forward(spec, params, inputs, device=device, need_weights=need_weights)
+
+
+class HuangSkewAssumesConsecutiveQueries(_RecombinedMutant):
+    rule = "HUANG-4"
+    description = "Huang's skew used whenever the keys are default, as if the queries were consecutive from q_pos[0]"
+    scheme = "huang"
+
+    def applies(self, spec, inputs):
+        return _scheme(spec) == "huang" and inputs.get("k_positions") is None
+
+    def weights(self, spec, lg):
+        c = lg.ctx
+        qp = c.q_positions[:, :1] + np.arange(c.Lq)  # what the skew assumes
+        delta = relative_distance(qp, c.k_positions)
+        skewed = schemes.Context(qp, c.k_positions, delta, c.batch, c.num_heads, c.head_dim, c.Lq, c.Lk)
+        term = spec.relative_scale * lg.hooks.call("key_term", lg.call.params, lg.q, skewed)[0]
+        return masked_softmax(lg.content + term + lg.bias, lg.allowed, spec.mask_fill)
+
+
+class HuangWrapsBeyondTable(_RecombinedMutant):
+    rule = "HUANG-3"
+    description = "causal Huang: a distance beyond the table reads row (delta + M - 1) mod R instead of adding zero"
+    scheme = "huang"
+
+    def applies(self, spec, inputs):
+        return _scheme(spec) == "huang" and spec.causal
+
+    def weights(self, spec, lg):
+        table4 = as_4d(lg.call.params["rel_k"])
+        row = (lg.delta + spec.relative.max_len - 1) % spec.relative.num_rows
+        term = spec.relative_scale * gather_logits(lg.q, table4, row)
+        return masked_softmax(lg.content + term + lg.bias, lg.allowed, spec.mask_fill)
+
+
+# ------------------------------------------------------------------- options in combination
+class CustomScaleNotOnRelativeTerm(Mutant):
+    rule = "SCALE-3"
+    description = "relative key term scaled by 1/sqrt(d) while the content logits use a custom spec.scale"
+
+    def mutate_params(self, spec, params):
+        if spec.scale is not None and spec.scale_relative and "rel_k" in params:
+            params["rel_k"] = params["rel_k"] * (1.0 / math.sqrt(spec.head_dim) / spec.scale)
+        return params
+
+
+# --------------------------------------------------------- variation across heads and batch
+class FullyMaskedRowsFromHeadZero(_RecombinedMutant):
+    rule = "MASK-5"
+    description = "fully masked rows found in head 0 only: zeroed in every head; rows empty elsewhere give 0 / 0"
+
+    def applies(self, spec, inputs):
+        return spec.mask_fill is None
+
+    def weights(self, spec, lg):
+        z = np.where(lg.allowed, lg.logits, -np.inf)
+        empty = ~lg.allowed[:, :1].any(axis=-1, keepdims=True)  # (B, 1, Lq, 1), from head 0
+        e = np.where(lg.allowed, np.exp(z - np.where(empty, 0.0, z.max(axis=-1, keepdims=True))), 0.0)
+        return np.where(empty, 0.0, e / e.sum(axis=-1, keepdims=True))
+
+
+class DeadKeysFromHeadZero(_RecombinedMutant):
+    rule = "MASK-4"
+    description = "keys no query of head 0 may attend zeroed as dead, though other heads attend them"
+
+    def dead(self, spec, call, delta, allowed):
+        return ~allowed[:, 0].any(axis=1)
+
+
+class DeadKeysFromBatchZero(_RecombinedMutant):
+    rule = "MASK-7"
+    description = "the dead keys of batch element 0 zeroed in every batch element (others' dead keys kept)"
+
+    def dead(self, spec, call, delta, allowed):
+        return np.broadcast_to(dead_keys(allowed)[:1], (allowed.shape[0], allowed.shape[-1]))
+
+
+class DeadKeysFromMaskOnly(_RecombinedMutant):
+    rule = "MASK-7"
+    description = "dead keys found from the mask and the causal rule only, not from -inf bias entries"
+
+    def dead(self, spec, call, delta, allowed):
+        return dead_keys(allowed_keys(allowed.shape, delta, causal=spec.causal, mask=call.mask, bias=None))
+
+
+# ---------------------------------------------------------------------- mask_fill moderate
+class MaskFillScaled(Mutant):
+    rule = "MASK-6"
+    description = "mask_fill written into the logits before the scale, so the fill is multiplied by it"
+
+    def mutate_spec(self, spec):
+        return replace(spec, mask_fill=spec.mask_fill * spec.effective_scale) if spec.mask_fill is not None else spec
+
+
+class MaskFillBeforeBias(_RecombinedMutant):
+    rule = "MASK-6"
+    description = "mask_fill written before the bias is added (a filled key's logit is fill + bias)"
+
+    def applies(self, spec, inputs):
+        return spec.mask_fill is not None and inputs.get("bias") is not None
+
+    def weights(self, spec, lg):
+        unbiased = allowed_keys(lg.allowed.shape, lg.delta, causal=spec.causal, mask=lg.call.mask, bias=None)
+        return _softmax(np.where(unbiased, lg.content + lg.term, spec.mask_fill) + lg.bias)
+
+
+class MaskFillBeforeRelativeTerm(_RecombinedMutant):
+    rule = "MASK-6"
+    description = "mask_fill written before the relative key term is added (a filled key's logit is fill + term)"
+
+    def applies(self, spec, inputs):
+        return spec.mask_fill is not None and spec.relative is not None and "key_term" in spec.relative.hooks
+
+    def weights(self, spec, lg):
+        return _softmax(np.where(lg.allowed, lg.content + lg.bias, spec.mask_fill) + lg.term)
+
+
+class CausalFillMinusInf(_RecombinedMutant):
+    rule = "MASK-6"
+    description = "keys the causal rule disallows get -inf; only masked and -inf-biased keys get mask_fill"
+
+    def applies(self, spec, inputs):
+        return spec.mask_fill is not None and spec.causal
+
+    def weights(self, spec, lg):
+        z = np.where(lg.allowed, lg.logits, spec.mask_fill)
+        return _softmax(np.where((lg.delta <= 0)[:, None], z, -np.inf))
+
+
+class ShawValueBucketsAllowedOnly(_RecombinedMutant):
+    rule = "MASK-6"
+    description = "with a mask_fill, the Shaw value buckets sum the weights of allowed keys only"
+    scheme = "shaw"
+
+    def applies(self, spec, inputs):
+        return spec.mask_fill is not None and _scheme(spec) == "shaw" and spec.relative.values
+
+    def value_term_mask(self, spec, lg):
+        return lg.allowed
+
+
+class NoKeyProjectionBias(Mutant):
+    rule = "PROJ-1"
+    description = "key projection without its bias bk (invisible except where mask_fill replaces logits)"
+
+    def mutate_params(self, spec, params):
+        if "bk" in params:
+            params["bk"] = np.zeros_like(params["bk"])
+        return params
+
+
+# ------------------------------------------------------------------ gradients under poison
+class _GradientMutant(Mutant):
+    """A mutant whose mistake is in the gradients: it declares them."""
+
+    def capabilities(self):
+        return Capabilities(dtypes=("float64",), gradients=True)
+
+
+class DeadKeyRowsReachWeightGradients(_GradientMutant):
+    rule = "MASK-7"
+    description = "vjp of wk and wv from the raw key and value rows: 0 * NaN of dead keys reaches them"
+
+    def vjp(self, spec, params, inputs, grad_out, *, device):
+        grads = super().vjp(spec, params, inputs, grad_out, device=device)
+        if spec.mask_fill is not None:
+            return grads
+        lg = _logits(spec, params, inputs)
+        dead = dead_keys(lg.allowed)[..., None]
+        for name, w in (("key", "wk"), ("value", "wv")):
+            raw = np.where(dead, np.asarray(inputs[name], np.float64), 0.0)
+            # x.T @ dy over the dead rows too: their dy rows are 0, but 0 * NaN is NaN
+            grads[w] = grads[w] + np.einsum("bli,blo->io", raw, np.zeros_like(raw))
+        return grads
+
+
+class BroadcastBiasGradientOneRow(_GradientMutant):
+    rule = "GRAD-1"
+    description = "gradient of a bias broadcast over queries or keys taken from one row instead of the sum"
+
+    def vjp(self, spec, params, inputs, grad_out, *, device):
+        bias = inputs.get("bias")
+        if bias is None:
+            return super().vjp(spec, params, inputs, grad_out, device=device)
+        B, H, Lq, Lk = _defaults(spec, inputs)
+        shape = (1,) * (4 - np.ndim(bias)) + np.shape(bias)
+        full = {**inputs, "bias": np.broadcast_to(bias, (B, H, Lq, Lk)).copy()}
+        grads = super().vjp(spec, params, full, grad_out, device=device)
+        g = grads["bias"].sum(axis=tuple(a for a in (0, 1) if shape[a] == 1), keepdims=True)
+        g = g[:, :, : shape[2], : shape[3]]  # singleton query / key axes: row 0, not the sum
+        grads["bias"] = g.reshape(np.shape(bias))
+        return grads
+
+
+# ------------------------------------------------------------------------ argument checks
+class IntegerMaskAccepted(Mutant):
+    rule = "MASK-3"
+    description = "an integer mask cast to bool instead of rejected"
+
+    def mutate_inputs(self, spec, inputs):
+        m = inputs.get("mask")
+        if m is not None and np.asarray(m).dtype.kind in "iu":
+            inputs["mask"] = np.asarray(m).astype(bool)
+        return inputs
+
+
+class KeyPaddingMaskGuessed(Mutant):
+    rule = "MASK-1"
+    description = "a (B, Lk) mask reinterpreted as key padding (B, 1, 1, Lk) instead of rejected"
+
+    def mutate_inputs(self, spec, inputs):
+        B, H, Lq, Lk = _defaults(spec, inputs)
+        m = inputs.get("mask")
+        if m is not None and np.ndim(m) == 2 and np.shape(m) == (B, Lk):
+            inputs["mask"] = np.asarray(m)[:, None, None, :]
+        return inputs
+
+
+class FloatKeepMaskAccepted(Mutant):
+    rule = "DROP-1"
+    description = "a float keep mask cast to bool instead of rejected"
+
+    def mutate_inputs(self, spec, inputs):
+        keep = inputs.get("dropout_keep")
+        if keep is not None and np.asarray(keep).dtype != bool:
+            inputs["dropout_keep"] = np.asarray(keep).astype(bool)
+        return inputs
+
+
+class KeepMaskBroadcast(Mutant):
+    rule = "DROP-1"
+    description = "a keep mask of shape (Lq, Lk) broadcast to (B, H, Lq, Lk) instead of rejected"
+
+    def mutate_inputs(self, spec, inputs):
+        keep = inputs.get("dropout_keep")
+        full = _defaults(spec, inputs)
+        if keep is not None and np.shape(keep) != full:
+            inputs["dropout_keep"] = np.broadcast_to(keep, full).copy()
+        return inputs
+
+
+class ExtraParamsIgnored(Mutant):
+    rule = "PARAM-2"
+    description = "parameter entries that are not canonical silently dropped"
+
+    def mutate_params(self, spec, params):
+        return {n: a for n, a in params.items() if n in spec.param_shapes()}
+
+
+class MisshapedParamsSliced(Mutant):
+    rule = "PARAM-2"
+    description = "a parameter larger than its canonical shape sliced to it instead of rejected"
+
+    def mutate_params(self, spec, params):
+        for n, shape in spec.param_shapes().items():
+            a = params.get(n)
+            if a is not None and a.shape != shape and a.ndim == len(shape):
+                params[n] = a[tuple(slice(0, s) for s in shape)]
+        return params
+
+
+class PositionsTruncated(Mutant):
+    rule = "POS-1"
+    description = "positions longer than their axis truncated to it instead of rejected"
+
+    def mutate_inputs(self, spec, inputs):
+        B, H, Lq, Lk = _defaults(spec, inputs)
+        for name, L in (("q_positions", Lq), ("k_positions", Lk)):
+            p = inputs.get(name)
+            if p is not None and np.shape(p)[-1] > L:
+                inputs[name] = np.asarray(p)[..., :L]
+        return inputs
+
+
+class ErrorMessageUnnamed(Mutant):
+    rule = "INPUT-1"
+    description = "errors raised without the argument's name at the start of the message"
+
+    def forward(self, spec, params, inputs, *, device, need_weights):
+        try:
+            return super().forward(spec, params, inputs, device=device, need_weights=need_weights)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"invalid attention call ({str(e).split(': ', 1)[-1]})") from None
+
+
+# -------------------------------------------------------------------- the no-weights path
+class _FastPathMutant(Mutant):
+    """Correct when the weights are requested; the mistake is in the path that does not return them."""
+
+    def forward(self, spec, params, inputs, *, device, need_weights):
+        if need_weights:
+            return NumpyRefAdapter.forward(self, spec, params, inputs, device=device, need_weights=True)
+        return super().forward(spec, params, inputs, device=device, need_weights=False)
+
+
+class FastPathDropsShawValues(_FastPathMutant):
+    rule = "SHAW-4"
+    description = "without weights requested, a fused path that leaves out the Shaw value term"
+    scheme = "shaw"
+
+    def mutate_params(self, spec, params):
+        if "rel_v" in params:
+            params["rel_v"] = np.zeros_like(params["rel_v"])
+        return params
+
+
+class FastPathIgnoresBias(_FastPathMutant):
+    rule = "BIAS-1"
+    description = "without weights requested, a fused path that ignores the bias input"
+
+    def mutate_inputs(self, spec, inputs):
+        inputs.pop("bias", None)
+        return inputs
+
+
+class FastPathMaskInverted(_FastPathMutant):
+    rule = "MASK-1"
+    description = "without weights requested, a fused path that reads the mask as True = ignore"
+
+    def mutate_inputs(self, spec, inputs):
+        m = inputs.get("mask")
+        if m is not None and np.asarray(m).dtype == bool:
+            inputs["mask"] = ~np.asarray(m)
+        return inputs
+
+
 def killed_by_rule(rule: str, results: list) -> list:
     """The (case, check) pairs that failed and claim ``rule``: what kills a mutant of that rule.
 
@@ -321,6 +815,37 @@ MUTANTS = {
         WeightsAfterDropout,
         WeightsNotTransposed,
         ValueDefaultsToQuery,
+        QueryPositionsFromFirstBatch,
+        KeyPositionsFromFirstBatch,
+        DistancesFromFirstBatch,
+        CausalFromIndices,
+        CausalIgnoresKeyPositions,
+        HuangSkewAssumesConsecutiveQueries,
+        HuangWrapsBeyondTable,
+        CustomScaleNotOnRelativeTerm,
+        FullyMaskedRowsFromHeadZero,
+        DeadKeysFromHeadZero,
+        DeadKeysFromBatchZero,
+        DeadKeysFromMaskOnly,
+        MaskFillScaled,
+        MaskFillBeforeBias,
+        MaskFillBeforeRelativeTerm,
+        CausalFillMinusInf,
+        ShawValueBucketsAllowedOnly,
+        NoKeyProjectionBias,
+        DeadKeyRowsReachWeightGradients,
+        BroadcastBiasGradientOneRow,
+        IntegerMaskAccepted,
+        KeyPaddingMaskGuessed,
+        FloatKeepMaskAccepted,
+        KeepMaskBroadcast,
+        ExtraParamsIgnored,
+        MisshapedParamsSliced,
+        PositionsTruncated,
+        ErrorMessageUnnamed,
+        FastPathDropsShawValues,
+        FastPathIgnoresBias,
+        FastPathMaskInverted,
     )
 }
 for _n, _c in MUTANTS.items():
