@@ -8,7 +8,8 @@ import pathlib
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from .catalog import CASES
+from .cases import ALL_DTYPES as DTYPE_ORDER
+from .catalog import BY_ID, CASES
 from .checks import CaseRun, CheckResult
 from .store import GOLDEN_DIR, load_case, load_manifest
 
@@ -129,8 +130,27 @@ def run(
     directory: pathlib.Path = GOLDEN_DIR,
     deviations: Optional[list] = None,
     progress: Optional[Callable] = None,
+    jobs: int = 1,
+    names: Optional[list] = None,
 ) -> list:
-    """Every check of the plan, with deviations applied."""
+    """Every check of the plan, with deviations applied.
+
+    ``jobs > 1`` runs the plan in that many processes, one (adapter, dtype)
+    at a time each; ``names`` are the load names of ``plan.adapters`` (what
+    ``load_adapter`` takes), which the worker processes rebuild them from.
+    The results are the same, in the same order, as with one process.
+    """
+    if jobs > 1 and names is not None and all(c.id in BY_ID for c in plan.cases):
+        results = _run_parallel(plan, names, directory, progress, jobs)
+        apply_deviations(results, load_deviations() if deviations is None else deviations)
+        return results
+    results = _run_cells(plan, directory, progress)
+    apply_deviations(results, load_deviations() if deviations is None else deviations)
+    return results
+
+
+def _run_cells(plan: Plan, directory: pathlib.Path, progress: Optional[Callable]) -> list:
+    """The checks of every cell, in matrix order (no deviations applied)."""
     manifest = load_manifest(directory)
     cells = list(matrix(plan))
     loaded: dict = {}
@@ -171,5 +191,62 @@ def run(
             results.append(r)
     if previous is not None:
         previous[0].release()
-    apply_deviations(results, load_deviations() if deviations is None else deviations)
+    return results
+
+
+def _run_unit(name: str, case_ids: list, dtype: str, devices, directory: str, queue) -> list:
+    """One worker's share: every case of one adapter in one dtype."""
+    from .adapters import load_adapter
+
+    plan = Plan([load_adapter(name)], [BY_ID[i] for i in case_ids], [dtype], devices)
+    step = None if queue is None else (lambda *cell: queue.put(cell))
+    return _run_cells(plan, pathlib.Path(directory), step)
+
+
+def _run_parallel(plan: Plan, names: list, directory: pathlib.Path, progress, jobs: int) -> list:
+    """The cells of the plan over ``jobs`` processes; the results in matrix order."""
+    import concurrent.futures
+    import multiprocessing
+    import os
+    import queue as queue_module
+
+    from .adapters import _jax
+
+    if plan.cases:  # fail here, in one line, when the goldens cannot be read (a missing package)
+        manifest = load_manifest(directory)
+        if plan.cases[0].id in manifest["cases"]:
+            load_case(plan.cases[0].id, manifest["cases"][plan.cases[0].id], directory)
+    os.environ.setdefault(_jax.CACHE_ENV, _jax._compilation_cache())  # one XLA cache for every worker
+    dtypes = plan.dtypes or sorted({d for c in plan.cases for d in c.dtypes}, key=DTYPE_ORDER.index)
+    # adapters in plan order, so that jax:tiles finds the programs of jax (identical) compiled
+    units = [(i, name, dtype) for i, name in enumerate(names) for dtype in dtypes]
+    context = multiprocessing.get_context("spawn")  # JAX and PyTorch hold threads: no fork
+    manager = context.Manager() if progress else None
+    q = manager.Queue() if manager else None
+    ids = [c.id for c in plan.cases]
+    out: dict = {}
+    try:
+        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
+            futures = {
+                pool.submit(_run_unit, name, ids, dtype, plan.devices, str(directory), q): (i, dtype)
+                for i, name, dtype in units
+            }
+            pending = set(futures)
+            while pending:
+                done, pending = concurrent.futures.wait(pending, timeout=0.2)
+                while q is not None:
+                    try:
+                        progress(*q.get_nowait())
+                    except queue_module.Empty:
+                        break
+                for f in done:
+                    out[futures[f]] = f.result()
+    finally:
+        if manager is not None:
+            manager.shutdown()
+    case_order = {i: n for n, i in enumerate(ids)}
+    results = [r for i, _, dtype in units for r in out[i, dtype]]
+    adapter_of = {a.name: i for i, a in enumerate(plan.adapters)}
+    # matrix order: adapter, device, case, dtype (the sort is stable within a cell)
+    results.sort(key=lambda r: (adapter_of.get(r.adapter, 0), r.device, case_order[r.case], DTYPE_ORDER.index(r.dtype)))
     return results
