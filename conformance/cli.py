@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import os
 import pathlib
 import sys
 import tempfile
@@ -65,15 +66,21 @@ def _check_report_dir(path: str) -> pathlib.Path:
     return directory
 
 
+def _adapter_names(names) -> list:
+    return list(names or list(BUILTIN) + sorted(entry_points()))
+
+
 def _adapters(names):
-    names = names or list(BUILTIN) + sorted(entry_points())
     out = []
-    for n in names:
+    for n in _adapter_names(names):
         try:
             out.append(load_adapter(n))
         except AdapterError as e:
             raise UsageError(str(e)) from None
     return out
+
+
+DEFAULT_JOBS = min(2, os.cpu_count() or 1)
 
 
 def cmd_run(args) -> int:
@@ -85,11 +92,19 @@ def cmd_run(args) -> int:
     for d in args.device or ():
         if d not in DEVICES:
             raise UsageError(f"--device {d}: expected one of {', '.join(DEVICES)}")
+    if args.jobs < 1:
+        raise UsageError(f"--jobs {args.jobs}: expected an integer >= 1")
     report_dir = _check_report_dir(args.report) if args.report else None
     plan = Plan(_adapters(args.adapter), _select_cases(args.case), args.dtype or None, args.device or None)
     progress = _progress_bar(sum(1 for _ in matrix(plan)), not args.no_progress)
     try:
-        results = run(plan, directory=pathlib.Path(args.goldens), progress=progress)
+        results = run(
+            plan,
+            directory=pathlib.Path(args.goldens),
+            progress=progress,
+            jobs=args.jobs,
+            names=_adapter_names(args.adapter),
+        )
     finally:
         if progress is not None:
             progress.close()
@@ -162,6 +177,47 @@ def cmd_verify(args) -> int:
     return 1 if problems else 0
 
 
+def cmd_campaign(args) -> int:
+    from . import campaign
+
+    try:
+        import tqdm
+
+        tqdm.tqdm.monitor_interval = 0  # no monitor thread in a process that forks
+    except ImportError:
+        pass
+    bars = []
+
+    def progress(total):
+        step = _progress_bar(total, not args.no_progress)
+        if step is None:
+            return None
+        bars.append(step)
+        return lambda mutant_id: step("numpy", "cpu", "float64", mutant_id)
+
+    try:
+        return campaign.main(args, progress=progress)
+    except campaign.CampaignArgumentError as e:
+        raise UsageError(str(e)) from None
+    finally:
+        for step in bars:
+            step.close()
+
+
+def cmd_coverage(args) -> int:
+    from . import coverage
+
+    rows = coverage.table()
+    text = coverage.render(rows)
+    if args.write:
+        coverage.STORED.write_text(text, encoding="utf-8")
+        print(f"wrote {coverage.STORED}")
+    else:
+        print(text, end="")
+    missing = coverage.gaps(rows)
+    return 1 if missing else 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m conformance", description=f"attnspec {SPEC_VERSION} conformance harness"
@@ -178,18 +234,48 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--dtype", action="append", help="float64, float32, bfloat16, float16 (repeatable)")
     run.add_argument("--case", action="append", help="case id pattern (fnmatch or substring; repeatable)")
     run.add_argument("--report", help="folder for results.jsonl and matrix.md")
+    run.add_argument(
+        "--jobs",
+        type=int,
+        default=DEFAULT_JOBS,
+        help=f"processes, one (adapter, dtype) at a time each (default {DEFAULT_JOBS}: the cores, at most 2)",
+    )
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("-v", "--verbose", action="store_true", help="also list why cells were skipped")
     sub.add_parser("list", help="cases, rules and adapters")
     sub.add_parser("generate", help="rebuild the golden vectors and the manifest")
     ver = sub.add_parser("verify", help="recompute the goldens; report drift beyond the noise bounds of PREC-5")
     ver.add_argument("-v", "--verbose", action="store_true", help="also list the changes within the noise bounds")
+    camp = sub.add_parser(
+        "campaign", help="mutation campaign: AST mutants of numpy_ref against the catalog (POSIX: forks per mutant)"
+    )
+    camp.add_argument(
+        "--target", action="append", help="numpy_ref file to mutate, relative to numpy_ref/ or a pattern (repeatable)"
+    )
+    camp.add_argument("--mutant", action="append", help="mutant id pattern (fnmatch; repeatable)")
+    camp.add_argument("--jobs", type=int, default=2, help="mutants run at once (default 2)")
+    camp.add_argument("--timeout", type=float, default=30.0, help="seconds per mutant before it counts as a timeout")
+    camp.add_argument("--report-dir", help="folder for report.json and REPORT.md (default conformance/campaign_data)")
+    camp.add_argument("--equivalent", help="equivalence arguments (default conformance/campaign_data/equivalent.json)")
+    camp.add_argument("--allow-survivors", action="store_true", help="exit 0 even when a mutant survived unargued")
+    camp.add_argument("--list", action="store_true", help="list the mutants without running them")
+    camp.add_argument("--show", metavar="ID", help="print one mutant as a diff without running it")
+    camp.add_argument("--no-progress", action="store_true", help="no progress bar")
+    cov = sub.add_parser("coverage", help="the catalog-coverage table: input dimension x scheme -> cases")
+    cov.add_argument("--write", action="store_true", help="write it to conformance/COVERAGE.md instead of printing")
     return p
 
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    command = {"run": cmd_run, "list": cmd_list, "generate": cmd_generate, "verify": cmd_verify}[args.command]
+    command = {
+        "run": cmd_run,
+        "list": cmd_list,
+        "generate": cmd_generate,
+        "verify": cmd_verify,
+        "campaign": cmd_campaign,
+        "coverage": cmd_coverage,
+    }[args.command]
     try:
         return command(args)
     except UsageError as e:

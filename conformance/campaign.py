@@ -1,0 +1,1536 @@
+"""Mutation campaign: which wrong versions of ``numpy_ref`` does the conformance catalog miss?
+
+``python -m conformance campaign`` parses every file of ``numpy_ref/`` (but
+``definition.py`` and ``schemes/_literal.py``, the loop-level definition that
+only the tests use), makes one AST mutant per operator application, and runs
+the conformance harness against each: the ``numpy`` adapter on cpu, every
+case of ``conformance.catalog.CASES`` in its widest stored dtype (float64;
+float32 for the cases stored in float32 only, whose inputs the reference
+still computes on in float64, PREC-1; the report names cases with neither).
+A mutant that some check fails
+on is *killed*; one that passes everything *survived*: either it cannot
+change any result the spec defines (then ``campaign_data/equivalent.json``
+says why, and it counts as *equivalent*) or the catalog lacks an input that
+tells it apart. The report lands in ``campaign_data/report.json`` and
+``campaign_data/REPORT.md``; the exit status is 1 while any survivor has no
+argument (``--allow-survivors``: 0 anyway).
+
+Operators (the ``<operator>`` part of a mutant id):
+
+=============== ==================================================================================
+arith           ``+ <-> -``, ``* <-> /``, ``// -> /``, ``% -> //``, ``** -> *`` (also augmented ``x += y``)
+bitwise         ``& <-> |``, ``^ -> |`` (boolean masks: ``allowed &= mask``)
+operand-swap    ``a - b -> b - a``, ``a / b -> b / a``, ``a @ b -> b @ a``
+operand-drop    ``a + b -> a`` and ``-> b``; likewise for ``-``, ``&``, ``|``
+compare         ``< <-> <=``, ``> <-> >=``, ``== <-> !=``, ``is <-> is not``, ``in <-> not in``
+boolop          ``and <-> or``
+not-removal     ``not x -> x``
+invert-removal  ``~x -> x``
+neg-removal     ``-x -> x`` where x is not a number literal (literals belong to the constant operators)
+cond-negate     the test of ``if``, ``... if ... else ...``, ``while`` and comprehension filters:
+                ``c -> not c`` (not for ``not ...`` or a single ``is``/``==``/``in`` test: compare covers those)
+int-const       integer literal ``n -> n + 1`` and ``n -> n - 1`` (so 0 -> 1, -1 and 1 -> 2, 0)
+float-const     float literal ``c -> -c`` and ``c -> 2c``; ``0.0 -> 1.0``
+axis            an integer given as ``axis=``, ``axis1=``, ``axis2=``, ``axes=``, ``source=``,
+                ``destination=`` or to ``swapaxes``/``moveaxis``/``expand_dims``/``squeeze``:
+                ``n -> n + 1, n - 1`` (``axis=-1 -> 0, -2``)
+index           an integer subscript: ``x[..., 0] -> x[..., 1], x[..., -1]``, ``shape[-2] -> shape[-1]``
+slice           a slice bound ``b -> b + 1, b - 1`` (a bound written ``e +/- literal`` is left to int-const)
+perm-swap       two entries of an integer tuple/list literal swapped (not a reduction's ``axis=``
+                tuple, whose order does not matter), or two integer arguments of ``.transpose(...)``
+func-swap       numpy functions and ndarray methods: max <-> min, amax <-> amin, maximum <-> minimum,
+                argmax <-> argmin, sum -> mean, any <-> all, logical_and <-> logical_or, tril <-> triu,
+                zeros <-> ones, isfinite -> isnan, isnan -> isinf; builtins min <-> max, any <-> all
+call-drop       ``f(x) -> x`` for np.abs, abs, np.asarray, np.array, np.ascontiguousarray;
+                ``x.copy() -> x``, ``x.astype(t) -> x``
+where-swap      ``np.where(c, a, b) -> np.where(c, b, a)``
+keepdims        ``keepdims=True -> keepdims=False``
+none-move       a broadcasting ``None`` in a subscript moves one place: ``x[:, None] -> x[None, :]``
+stmt-drop       a statement becomes ``pass``: an assignment to a subscript or attribute
+                (``out[...] = g``), an augmented assignment (``allowed &= mask``), a re-assignment of a
+                name the function already bound (``key = np.where(dead, 0.0, key)``), a call statement,
+                a ``raise``
+=============== ==================================================================================
+
+Never mutated: docstrings, string constants, f-strings, the arguments of a
+``raise`` (exception messages) and of ``assert``'s message, annotations and
+decorators. Conditions that guard a ``raise`` are mutated (the catalog has
+error cases), and so is the ``raise`` itself (stmt-drop).
+
+Mutant ids are ``<path relative to numpy_ref>:<function qualname or <module>>:<operator>:<k>``,
+k counting that operator's mutants within that function in source order;
+each mutant records its line, column, the original and the mutated node
+(``ast.unparse``).
+
+Reachability: the catalog first runs once on the unmutated reference under a
+line tracer (``sys.settrace``, limited to the files in scope). A mutant whose
+node lies on lines that run never executes is *unreached* (a coverage finding
+of the catalog, reported with its function) and is not run.
+
+Runner (POSIX only: it forks). The parent loads the manifest and every
+case's stored tensors once; each mutant runs in a forked child that drops
+``numpy_ref``, its submodules and the conformance modules holding references
+to it from ``sys.modules``, imports ``numpy_ref`` afresh with the one mutated
+module served from its compiled AST by a meta-path finder, builds a fresh
+``NumpyRefAdapter`` and runs the cases, stopping at the first failing check.
+A failing check, an exception escaping a case, an import error or a crash of
+the child kill the mutant (the report says which); a child that runs past
+``--timeout`` seconds is killed by timeout. The cases run in adaptive order:
+the cases that killed the most mutants first (ties in catalog order), so a
+killed mutant costs milliseconds. Mutant i orders the cases by the kills of
+mutants 0 .. i - WINDOW only, so the report does not depend on ``--jobs``.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import difflib
+import fnmatch
+import importlib.abc
+import importlib.util
+import json
+import os
+import pathlib
+import selectors
+import signal
+import sys
+import time
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Optional
+
+from .checks import CaseRun, CheckResult
+
+HERE = pathlib.Path(__file__).resolve().parent
+DATA_DIR = HERE / "campaign_data"
+EQUIVALENT_FILE = DATA_DIR / "equivalent.json"
+#: "<file>:<function>" -> why the catalog need not reach that code (shown in the report's unreached section).
+UNREACHED_FILE = DATA_DIR / "unreached.json"
+PACKAGE = "numpy_ref"
+EXCLUDED = ("definition.py", "schemes/_literal.py")
+STATUSES = ("killed", "timeout", "survived", "equivalent", "unreached", "error-on-build")
+DEVICE = "cpu"
+#: Each case runs in the first of these dtypes it is stored in (the reference computes in float64 either way).
+DTYPES = ("float64", "float32")
+#: Mutant i orders the cases by the kills of mutants 0 .. i - WINDOW: the same order for any --jobs <= WINDOW.
+WINDOW = 16
+DEFAULT_JOBS = 2
+DEFAULT_TIMEOUT = 30.0
+#: Address space a child may add to what it inherited before a runaway allocation fails.
+CHILD_EXTRA_MEMORY = 4 << 30
+MESSAGE_CHARS = 300
+
+
+def cell_dtype(case) -> Optional[str]:
+    """The dtype a case runs in: the first of DTYPES it is stored in, or None."""
+    return next((d for d in DTYPES if d in case.dtypes), None)
+
+
+class CampaignArgumentError(ValueError):
+    """A bad command-line argument of the campaign ("<arg>: expected <what>, got <value>")."""
+
+
+def _bad(arg: str, expected: str, got) -> CampaignArgumentError:
+    return CampaignArgumentError(f"{arg}: expected {expected}, got {got}")
+
+
+# =================================================================== mutants
+@dataclass(frozen=True)
+class Mutant:
+    id: str
+    file: str  # relative to numpy_ref/, posix
+    function: str  # qualname, or <module>
+    operator: str
+    line: int
+    col: int
+    end_line: int
+    original: str
+    mutated: str
+    path: tuple = field(repr=False)  # (field, index or None) steps from the module to the changed node
+    replacement: object = field(repr=False, compare=False)  # the new node; None: the statement becomes `pass`
+    reach: tuple = field(repr=False, default=())  # lines (first, last): the mutant runs when one of them does
+
+    @property
+    def module(self) -> str:
+        return module_name(self.file)
+
+    @property
+    def where(self) -> str:
+        return f"{PACKAGE}/{self.file}:{self.line}"
+
+
+AXIS_KEYWORDS = frozenset({"axis", "axis1", "axis2", "axes", "source", "destination"})
+ORDERLESS_AXIS_KEYWORDS = frozenset({"axis"})  # a reduction over (0, 1) is a reduction over (1, 0)
+AXIS_METHODS = frozenset({"swapaxes", "moveaxis", "expand_dims", "squeeze"})
+PERM_METHODS = frozenset({"transpose", "permute"})
+ARITH = {
+    ast.Add: ast.Sub,
+    ast.Sub: ast.Add,
+    ast.Mult: ast.Div,
+    ast.Div: ast.Mult,
+    ast.FloorDiv: ast.Div,
+    ast.Mod: ast.FloorDiv,
+    ast.Pow: ast.Mult,
+}
+BITWISE = {ast.BitAnd: ast.BitOr, ast.BitOr: ast.BitAnd, ast.BitXor: ast.BitOr}
+SWAP_OPERANDS = (ast.Sub, ast.Div, ast.MatMult)
+DROP_OPERANDS = (ast.Add, ast.Sub, ast.BitAnd, ast.BitOr)
+COMPARE = {
+    ast.Lt: ast.LtE,
+    ast.LtE: ast.Lt,
+    ast.Gt: ast.GtE,
+    ast.GtE: ast.Gt,
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+    ast.Is: ast.IsNot,
+    ast.IsNot: ast.Is,
+    ast.In: ast.NotIn,
+    ast.NotIn: ast.In,
+}
+NEGATION_COVERED = (ast.Is, ast.IsNot, ast.Eq, ast.NotEq, ast.In, ast.NotIn)
+NP_SWAPS = {
+    "max": "min",
+    "min": "max",
+    "amax": "amin",
+    "amin": "amax",
+    "maximum": "minimum",
+    "minimum": "maximum",
+    "argmax": "argmin",
+    "argmin": "argmax",
+    "sum": "mean",
+    "any": "all",
+    "all": "any",
+    "logical_and": "logical_or",
+    "logical_or": "logical_and",
+    "tril": "triu",
+    "triu": "tril",
+    "zeros": "ones",
+    "ones": "zeros",
+    "isfinite": "isnan",
+    "isnan": "isinf",
+}
+METHOD_SWAPS = {k: NP_SWAPS[k] for k in ("max", "min", "argmax", "argmin", "sum", "any", "all")}
+BUILTIN_SWAPS = {"min": "max", "max": "min", "any": "all", "all": "any"}
+NP_UNWRAP = frozenset({"abs", "asarray", "array", "ascontiguousarray"})
+BUILTIN_UNWRAP = frozenset({"abs"})
+METHOD_UNWRAP = frozenset({"copy", "astype"})
+
+
+def module_name(rel: str) -> str:
+    parts = [PACKAGE] + rel[: -len(".py")].split("/")
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def package_dir() -> pathlib.Path:
+    spec = importlib.util.find_spec(PACKAGE)
+    if spec is not None and spec.submodule_search_locations:
+        return pathlib.Path(list(spec.submodule_search_locations)[0]).resolve()
+    return HERE.parent / PACKAGE
+
+
+def scope_files(root: Optional[pathlib.Path] = None) -> list[str]:
+    """The files the campaign mutates, relative to numpy_ref/, sorted."""
+    root = root or package_dir()
+    files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.py") if "__pycache__" not in p.parts)
+    return [f for f in files if f not in EXCLUDED]
+
+
+def select_targets(targets: Optional[list], files: list[str]) -> list[str]:
+    """The files ``--target`` names (a path relative to numpy_ref/ or the repository, or an fnmatch pattern)."""
+    if not targets:
+        return list(files)
+    chosen = set()
+    for t in targets:
+        pattern = t[len(PACKAGE) + 1 :] if t.startswith(PACKAGE + "/") else t
+        hits = [f for f in files if fnmatch.fnmatchcase(f, pattern)]
+        if not hits:
+            raise _bad(
+                "--target",
+                f"a file of {PACKAGE}/ in the campaign's scope or a pattern matching one ({', '.join(files)}; "
+                f"{' and '.join(EXCLUDED)} are out of scope)",
+                repr(t),
+            )
+        chosen.update(hits)
+    return [f for f in files if f in chosen]
+
+
+def _is_int(node) -> bool:
+    return isinstance(node, ast.Constant) and type(node.value) is int
+
+
+def _literal_number(node, kind) -> Optional[object]:
+    """The value of a number literal (``3``, ``-3``, ``0.5``, ``-0.5``) of type ``kind``, else None."""
+    if isinstance(node, ast.Constant) and type(node.value) is kind:
+        return node.value
+    if (
+        isinstance(node, ast.UnaryOp)
+        and isinstance(node.op, ast.USub)
+        and isinstance(node.operand, ast.Constant)
+        and type(node.operand.value) is kind
+    ):
+        return -node.operand.value
+    return None
+
+
+def _number(value) -> ast.expr:
+    """A number literal as the parser writes it: a negative one is ``-`` applied to a positive constant."""
+    return ast.UnaryOp(ast.USub(), ast.Constant(-value)) if value < 0 else ast.Constant(value)
+
+
+def _is_np(func, names) -> bool:
+    return (
+        isinstance(func, ast.Attribute)
+        and isinstance(func.value, ast.Name)
+        and func.value.id in ("np", "numpy")
+        and func.attr in names
+    )
+
+
+def _call_name(call: ast.Call) -> str:
+    f = call.func
+    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+
+
+def _target_names(target) -> Iterator[ast.AST]:
+    if isinstance(target, (ast.Tuple, ast.List)):
+        for t in target.elts:
+            yield from _target_names(t)
+    elif isinstance(target, ast.Starred):
+        yield from _target_names(target.value)
+    else:
+        yield target
+
+
+SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+
+
+def _bindings(scope) -> dict:
+    """name -> first line bound in ``scope`` (a module or function), not looking into nested scopes."""
+    first: dict = {}
+
+    def bind(name, line):
+        first[name] = min(first.get(name, line), line)
+
+    if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        a = scope.args
+        for arg in a.posonlyargs + a.args + a.kwonlyargs + [x for x in (a.vararg, a.kwarg) if x]:
+            bind(arg.arg, 0)
+    body = scope.body if isinstance(scope, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef)) else []
+
+    def visit(node):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bind(node.name, node.lineno)
+            return
+        if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            return
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            bind(node.id, node.lineno)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                bind((alias.asname or alias.name).split(".")[0], node.lineno)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    for stmt in body:
+        visit(stmt)
+    return first
+
+
+class _Generator:
+    """Walks one module in a fixed order and lists every mutant of it."""
+
+    def __init__(self, source: str, rel: str):
+        self.source, self.rel = source, rel
+        self.tree = ast.parse(source)
+        self.found: list = []  # (line, col, order, variant, qualname, operator, node, replacement, path, reach)
+        self.order = 0
+        self.scope_bindings: dict = {}
+
+    # ---------------------------------------------------------------- walk
+    def run(self) -> list[Mutant]:
+        self.walk(self.tree, (), [], "<module>", self.tree, None)
+        self.found.sort(key=lambda m: (m[0], m[1], m[2], m[3]))
+        counters: dict = {}
+        seen = set()
+        out = []
+        for line, col, _, _, qualname, operator, node, replacement, path, reach in self.found:
+            mutated = "pass" if replacement is None else ast.unparse(replacement)
+            if (path, mutated) in seen:
+                continue
+            seen.add((path, mutated))
+            key = (qualname, operator)
+            k = counters.get(key, 0)
+            counters[key] = k + 1
+            out.append(
+                Mutant(
+                    id=f"{self.rel}:{qualname}:{operator}:{k}",
+                    file=self.rel,
+                    function=qualname,
+                    operator=operator,
+                    line=line,
+                    col=col,
+                    end_line=getattr(node, "end_lineno", None) or line,
+                    original=ast.unparse(node),
+                    mutated=mutated,
+                    path=path,
+                    replacement=replacement,
+                    reach=reach or (line, getattr(node, "end_lineno", None) or line),
+                )
+            )
+        return out
+
+    def walk(self, node, path, parents, qualname, scope, reach):
+        self.order += 1
+        self.reach = reach
+        self.mutate(node, path, parents, qualname, scope)
+        body_reach = None
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            prefix = "" if qualname == "<module>" else qualname + "."
+            if parents and isinstance(self._scope_of(parents), (ast.FunctionDef, ast.AsyncFunctionDef)):
+                prefix = qualname + ".<locals>."
+            qualname = prefix + node.name
+            if not isinstance(node, ast.ClassDef):
+                scope = node
+                # a default value matters only when the function runs: reached when its first statement is
+                first = next((s for i, s in enumerate(node.body) if not self.skip_child(node, "body", i, s)), None)
+                body_reach = None if first is None else (first.lineno, first.lineno)
+        parents = parents + [node]
+        for name, value in ast.iter_fields(node):
+            if self.skip_field(node, name):
+                continue
+            if isinstance(value, list):
+                for i, child in enumerate(value):
+                    if isinstance(child, ast.AST) and not self.skip_child(node, name, i, child):
+                        self.walk(child, path + ((name, i),), parents, qualname, scope, reach)
+            elif isinstance(value, ast.AST) and not self.skip_child(node, name, None, value):
+                self.walk(value, path + ((name, None),), parents, qualname, scope, body_reach or reach)
+
+    @staticmethod
+    def _scope_of(parents):
+        for p in reversed(parents):
+            if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module)):
+                return p
+        return None
+
+    @staticmethod
+    def skip_field(node, name) -> bool:
+        if name in ("annotation", "returns", "decorator_list", "type_comment"):
+            return True
+        if isinstance(node, ast.Raise) and name in ("exc", "cause"):
+            return True  # the exception and its message; the raise itself can still be dropped
+        if isinstance(node, ast.Assert) and name == "msg":
+            return True
+        return isinstance(node, ast.JoinedStr)
+
+    @staticmethod
+    def skip_child(node, name, i, child) -> bool:
+        if isinstance(child, ast.JoinedStr):
+            return True
+        docstring_holder = isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        return (
+            docstring_holder
+            and name == "body"
+            and i == 0
+            and isinstance(child, ast.Expr)
+            and isinstance(child.value, ast.Constant)
+            and isinstance(child.value.value, str)
+        )
+
+    def add(self, node, path, qualname, operator, replacement, variant=0):
+        if replacement is not None:
+            replacement = ast.fix_missing_locations(ast.copy_location(replacement, node))
+            if ast.dump(replacement) == ast.dump(node):
+                return
+        line, col = node.lineno, node.col_offset
+        self.found.append((line, col, self.order, variant, qualname, operator, node, replacement, path, self.reach))
+
+    # ------------------------------------------------------------ operators
+    def mutate(self, node, path, parents, qualname, scope):
+        parent = parents[-1] if parents else None
+        if isinstance(node, ast.BinOp):
+            self.binop(node, path, qualname)
+        elif isinstance(node, ast.AugAssign):
+            table = ARITH if type(node.op) in ARITH else BITWISE if type(node.op) in BITWISE else None
+            if table:
+                new = copy.deepcopy(node)
+                new.op = table[type(node.op)]()
+                self.add(node, path, qualname, "arith" if table is ARITH else "bitwise", new)
+        elif isinstance(node, ast.Compare):
+            for i, op in enumerate(node.ops):
+                if type(op) in COMPARE:
+                    new = copy.deepcopy(node)
+                    new.ops[i] = COMPARE[type(op)]()
+                    self.add(node, path, qualname, "compare", new, variant=i)
+        elif isinstance(node, ast.BoolOp):
+            new = copy.deepcopy(node)
+            new.op = ast.Or() if isinstance(node.op, ast.And) else ast.And()
+            self.add(node, path, qualname, "boolop", new)
+        elif isinstance(node, ast.UnaryOp):
+            self.unary(node, path, parent, qualname)
+        elif isinstance(node, ast.Constant) and not (
+            isinstance(parent, ast.UnaryOp) and isinstance(parent.op, ast.USub)
+        ):
+            self.number(node, path, parents, qualname)
+        elif isinstance(node, ast.Call):
+            self.call(node, path, qualname)
+        elif isinstance(node, (ast.Tuple, ast.List)):
+            self.permutation(node, path, parent, qualname)
+        elif isinstance(node, ast.Slice):
+            self.slice(node, path, qualname)
+        elif isinstance(node, ast.Subscript):
+            self.none_move(node, path, qualname)
+        elif isinstance(node, ast.keyword):
+            if node.arg == "keepdims" and isinstance(node.value, ast.Constant) and node.value.value is True:
+                self.add(node, path, qualname, "keepdims", ast.keyword(arg="keepdims", value=ast.Constant(False)))
+        if isinstance(node, (ast.If, ast.IfExp, ast.While)):
+            self.negate(node.test, path + (("test", None),), qualname)
+        elif isinstance(node, ast.comprehension):
+            for i, test in enumerate(node.ifs):
+                self.negate(test, path + (("ifs", i),), qualname)
+        if isinstance(node, ast.stmt):
+            self.statement(node, path, parents, qualname, scope)
+
+    def binop(self, node, path, qualname):
+        if any(isinstance(x, ast.Constant) and isinstance(x.value, (str, bytes)) for x in (node.left, node.right)):
+            return
+        op = type(node.op)
+        for table, name in ((ARITH, "arith"), (BITWISE, "bitwise")):
+            if op in table:
+                new = copy.deepcopy(node)
+                new.op = table[op]()
+                self.add(node, path, qualname, name, new)
+        if op in SWAP_OPERANDS:
+            new = copy.deepcopy(node)
+            new.left, new.right = new.right, new.left
+            self.add(node, path, qualname, "operand-swap", new)
+        if op in DROP_OPERANDS:
+            self.add(node, path, qualname, "operand-drop", copy.deepcopy(node.left), variant=0)
+            self.add(node, path, qualname, "operand-drop", copy.deepcopy(node.right), variant=1)
+
+    def unary(self, node, path, parent, qualname):
+        if isinstance(node.op, ast.Not):
+            self.add(node, path, qualname, "not-removal", copy.deepcopy(node.operand))
+        elif isinstance(node.op, ast.Invert):
+            self.add(node, path, qualname, "invert-removal", copy.deepcopy(node.operand))
+        elif isinstance(node.op, ast.USub):
+            if isinstance(node.operand, ast.Constant) and type(node.operand.value) in (int, float):
+                self.number(node, path, None, qualname, parent=parent)
+            else:
+                self.add(node, path, qualname, "neg-removal", copy.deepcopy(node.operand))
+
+    def number(self, node, path, parents, qualname, parent=None):
+        """int-const, float-const, axis and index (a slice bound is mutated by ``slice``)."""
+        if parents is not None:
+            parent = parents[-1] if parents else None
+        value = _literal_number(node, int)
+        if value is not None:
+            operator = self.int_context(node, path, parent)
+            if operator is None:
+                return
+            for v, new in enumerate((value + 1, value - 1)):
+                self.add(node, path, qualname, operator, _number(new), variant=v)
+            return
+        value = _literal_number(node, float)
+        if value is not None:
+            variants = (1.0,) if value == 0.0 else (-value, 2.0 * value)
+            for v, new in enumerate(variants):
+                self.add(node, path, qualname, "float-const", _number(new), variant=v)
+
+    def int_context(self, node, path, parent) -> Optional[str]:
+        grand = self._parent_of_path(path, 2)
+        field_name = path[-1][0] if path else None
+        if isinstance(parent, ast.Slice):
+            return None
+        if isinstance(parent, ast.keyword) and parent.arg in AXIS_KEYWORDS:
+            return "axis"
+        if isinstance(parent, (ast.Tuple, ast.List)) and isinstance(grand, ast.keyword) and grand.arg in AXIS_KEYWORDS:
+            return "axis"
+        if isinstance(parent, ast.Call) and field_name == "args":
+            name = _call_name(parent)
+            if name in PERM_METHODS:
+                return None
+            if name in AXIS_METHODS:
+                return "axis"
+        if (
+            isinstance(parent, (ast.Tuple, ast.List))
+            and isinstance(grand, ast.Call)
+            and _call_name(grand) in PERM_METHODS
+        ):
+            return None
+        if isinstance(parent, ast.Subscript) and field_name == "slice":
+            return "index"
+        if isinstance(parent, ast.Tuple) and isinstance(grand, ast.Subscript) and self._path_field(path, 1) == "slice":
+            return "index"
+        return "int-const"
+
+    def _parent_of_path(self, path, up):
+        if len(path) < up:
+            return None
+        node = self.tree
+        for name, i in path[:-up]:
+            node = getattr(node, name) if i is None else getattr(node, name)[i]
+        return node
+
+    @staticmethod
+    def _path_field(path, up):
+        return path[-1 - up][0] if len(path) > up else None
+
+    def call(self, node, path, qualname):
+        f = node.func
+        name = _call_name(node)
+        if _is_np(f, NP_SWAPS):
+            new = copy.deepcopy(node)
+            new.func.attr = NP_SWAPS[f.attr]
+            self.add(node, path, qualname, "func-swap", new)
+        elif isinstance(f, ast.Attribute) and f.attr in METHOD_SWAPS and not _is_np(f, {f.attr}):
+            new = copy.deepcopy(node)
+            new.func.attr = METHOD_SWAPS[f.attr]
+            self.add(node, path, qualname, "func-swap", new)
+        elif isinstance(f, ast.Name) and f.id in BUILTIN_SWAPS:
+            new = copy.deepcopy(node)
+            new.func.id = BUILTIN_SWAPS[f.id]
+            self.add(node, path, qualname, "func-swap", new)
+        single = len(node.args) == 1 and not node.keywords and not isinstance(node.args[0], ast.Starred)
+        if single and (_is_np(f, NP_UNWRAP) or (isinstance(f, ast.Name) and f.id in BUILTIN_UNWRAP)):
+            self.add(node, path, qualname, "call-drop", copy.deepcopy(node.args[0]))
+        elif isinstance(f, ast.Attribute) and f.attr in METHOD_UNWRAP and not _is_np(f, {f.attr}):
+            self.add(node, path, qualname, "call-drop", copy.deepcopy(f.value))
+        if _is_np(f, {"where"}) and len(node.args) == 3 and not node.keywords:
+            new = copy.deepcopy(node)
+            new.args[1], new.args[2] = new.args[2], new.args[1]
+            self.add(node, path, qualname, "where-swap", new)
+        if name in PERM_METHODS and len(node.args) >= 2 and all(_literal_number(a, int) is not None for a in node.args):
+            self._swaps(node, path, qualname, "args")
+
+    def permutation(self, node, path, parent, qualname):
+        values = [_literal_number(e, int) for e in node.elts]
+        if len(values) < 2 or None in values or len(set(values)) < len(values):
+            return
+        if isinstance(parent, ast.keyword) and parent.arg in ORDERLESS_AXIS_KEYWORDS:
+            return
+        if isinstance(parent, ast.Subscript):
+            return
+        self._swaps(node, path, qualname, "elts")
+
+    def _swaps(self, node, path, qualname, field_name):
+        items = getattr(node, field_name)
+        variant = 0
+        for i in range(len(items)):
+            for j in range(i + 1, len(items)):
+                new = copy.deepcopy(node)
+                seq = getattr(new, field_name)
+                seq[i], seq[j] = seq[j], seq[i]
+                self.add(node, path, qualname, "perm-swap", new, variant=variant)
+                variant += 1
+
+    def slice(self, node, path, qualname):
+        for f_index, name in enumerate(("lower", "upper", "step")):
+            bound = getattr(node, name)
+            if bound is None:
+                continue
+            value = _literal_number(bound, int)
+            if value is not None:
+                variants = [_number(value + 1), _number(value - 1)]
+            elif (
+                isinstance(bound, ast.BinOp)
+                and isinstance(bound.op, (ast.Add, ast.Sub))
+                and _literal_number(bound.right, int) is not None
+            ):
+                continue  # int-const moves the literal by one
+            else:
+                variants = [
+                    ast.BinOp(copy.deepcopy(bound), ast.Add(), ast.Constant(1)),
+                    ast.BinOp(copy.deepcopy(bound), ast.Sub(), ast.Constant(1)),
+                ]
+            for v, new_bound in enumerate(variants):
+                new = copy.deepcopy(node)
+                setattr(new, name, new_bound)
+                self.add(node, path, qualname, "slice", new, variant=2 * f_index + v)
+
+    def none_move(self, node, path, qualname):
+        if not isinstance(node.slice, ast.Tuple):
+            return
+        elts = node.slice.elts
+        variant = 0
+        for i, e in enumerate(elts):
+            if not (isinstance(e, ast.Constant) and e.value is None):
+                continue
+            for j in (i - 1, i + 1):
+                if 0 <= j < len(elts) and not (isinstance(elts[j], ast.Constant) and elts[j].value is None):
+                    new = copy.deepcopy(node)
+                    seq = new.slice.elts
+                    seq[i], seq[j] = seq[j], seq[i]
+                    self.add(node, path, qualname, "none-move", new, variant=variant)
+                    variant += 1
+
+    def negate(self, test, path, qualname):
+        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+            return
+        if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], NEGATION_COVERED):
+            return
+        self.add(test, path, qualname, "cond-negate", ast.UnaryOp(ast.Not(), copy.deepcopy(test)))
+
+    def statement(self, node, path, parents, qualname, scope):
+        if isinstance(node, (ast.AugAssign, ast.Raise)):
+            droppable = True
+        elif isinstance(node, ast.Expr):
+            droppable = isinstance(node.value, ast.Call)
+        elif isinstance(node, ast.Assign):
+            droppable = all(self._rebinds(t, node.lineno, scope) for t in node.targets)
+        else:
+            droppable = False
+        if droppable:
+            self.add(node, path, qualname, "stmt-drop", None)
+
+    def _rebinds(self, target, line, scope) -> bool:
+        if scope not in self.scope_bindings:
+            self.scope_bindings[scope] = _bindings(scope)
+        bound = self.scope_bindings[scope]
+        for t in _target_names(target):
+            if isinstance(t, ast.Name) and not bound.get(t.id, line) < line:
+                return False
+        return True
+
+
+def generate(source: str, rel: str) -> list[Mutant]:
+    """Every mutant of one module's source, in source order; ``rel`` is the path relative to numpy_ref/."""
+    return _Generator(source, rel).run()
+
+
+def generate_files(files: list[str], root: Optional[pathlib.Path] = None) -> list[Mutant]:
+    root = root or package_dir()
+    out = []
+    for rel in files:
+        out.extend(generate((root / rel).read_text(encoding="utf-8"), rel))
+    return out
+
+
+def mutated_tree(source: str, mutant: Mutant) -> ast.Module:
+    """The module's AST with the mutant applied."""
+    tree = ast.parse(source)
+    holder, (name, i) = tree, mutant.path[-1]
+    for step_name, step_i in mutant.path[:-1]:
+        holder = getattr(holder, step_name) if step_i is None else getattr(holder, step_name)[step_i]
+    old = getattr(holder, name) if i is None else getattr(holder, name)[i]
+    new = ast.copy_location(ast.Pass(), old) if mutant.replacement is None else copy.deepcopy(mutant.replacement)
+    if i is None:
+        setattr(holder, name, new)
+    else:
+        getattr(holder, name)[i] = new
+    return ast.fix_missing_locations(tree)
+
+
+def mutated_source(source: str, mutant: Mutant) -> str:
+    """The source text with only the mutated node rewritten (for reading; the campaign runs the AST)."""
+    tree = ast.parse(source)
+    node = tree
+    for step_name, step_i in mutant.path:
+        node = getattr(node, step_name) if step_i is None else getattr(node, step_name)[step_i]
+    lines = source.splitlines(keepends=True)
+    start = sum(len(x) for x in lines[: node.lineno - 1]) + _byte_to_char(lines[node.lineno - 1], node.col_offset)
+    end = sum(len(x) for x in lines[: node.end_lineno - 1]) + _byte_to_char(
+        lines[node.end_lineno - 1], node.end_col_offset
+    )
+    want = ast.dump(mutated_tree(source, mutant))
+    for text in (mutant.mutated, f"({mutant.mutated})"):
+        candidate = source[:start] + text + source[end:]
+        try:
+            if ast.dump(ast.parse(candidate)) == want:
+                return candidate
+        except SyntaxError:
+            continue
+    return ast.unparse(mutated_tree(source, mutant)) + "\n"
+
+
+def _byte_to_char(line: str, offset: int) -> int:
+    return len(line.encode("utf-8")[:offset].decode("utf-8", errors="replace"))
+
+
+def diff(mutant: Mutant, root: Optional[pathlib.Path] = None) -> str:
+    root = root or package_dir()
+    source = (root / mutant.file).read_text(encoding="utf-8")
+    name = f"{PACKAGE}/{mutant.file}"
+    return "".join(
+        difflib.unified_diff(
+            source.splitlines(keepends=True),
+            mutated_source(source, mutant).splitlines(keepends=True),
+            name,
+            f"{name} ({mutant.id})",
+        )
+    )
+
+
+# ============================================================ child process
+class _FirstFailure(BaseException):
+    """Raised by the first failing check of a case (a BaseException: the checks' own handlers let it pass)."""
+
+    def __init__(self, result: CheckResult):
+        self.result = result
+
+
+class _StoppingCaseRun(CaseRun):
+    def add(self, check, status, rules, **kw):
+        super().add(check, status, rules, **kw)
+        if status == "fail":
+            raise _FirstFailure(self.results[-1])
+
+
+class _MutantLoader(importlib.abc.Loader):
+    def __init__(self, code):
+        self.code = code
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        exec(self.code, module.__dict__)
+
+
+class _MutantFinder(importlib.abc.MetaPathFinder):
+    """Serves one module of numpy_ref from compiled code instead of its file."""
+
+    def __init__(self, name: str, filename: str, code):
+        self.name, self.filename, self.code = name, filename, code
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        package = os.path.basename(self.filename) == "__init__.py"
+        return importlib.util.spec_from_file_location(
+            fullname,
+            self.filename,
+            loader=_MutantLoader(self.code),
+            submodule_search_locations=[os.path.dirname(self.filename)] if package else None,
+        )
+
+
+def _holds_reference(module) -> bool:
+    for value in list(vars(module).values()):
+        name = getattr(value, "__name__", None) if isinstance(value, type(sys)) else getattr(value, "__module__", None)
+        if isinstance(name, str) and (name == PACKAGE or name.startswith(PACKAGE + ".")):
+            return True
+    return False
+
+
+def _purge() -> None:
+    """Forget numpy_ref, its submodules and the conformance modules that hold references to it."""
+    for name in list(sys.modules):
+        module = sys.modules[name]
+        if name == PACKAGE or name.startswith(PACKAGE + "."):
+            del sys.modules[name]
+        elif name.startswith("conformance.") and name != __name__ and module is not None:
+            try:
+                holds = _holds_reference(module)
+            except TypeError:  # not a module object
+                holds = False
+            if holds:
+                del sys.modules[name]
+
+
+def _limit_memory() -> None:
+    try:
+        import resource
+
+        with open("/proc/self/statm") as f:
+            size = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        limit = size + CHILD_EXTRA_MEMORY
+        if hard != resource.RLIM_INFINITY:
+            limit = min(limit, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    except (OSError, ValueError, ImportError):
+        pass
+
+
+def _describe_exception(e: BaseException) -> str:
+    tb = traceback.extract_tb(e.__traceback__)
+    where = f" ({tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno})" if tb else ""
+    return _short(f"{type(e).__name__}: {e}{where}")
+
+
+def _short(text: str) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= MESSAGE_CHARS else text[: MESSAGE_CHARS - 3] + "..."
+
+
+class _Tracer:
+    """Lines of the files in scope that run (``sys.settrace``; other files are not traced)."""
+
+    def __init__(self, files: dict):
+        self.files = files  # realpath -> rel
+        self.cache: dict = {}
+        self.hits: set = set()
+
+    def rel(self, filename):
+        if filename not in self.cache:
+            self.cache[filename] = self.files.get(os.path.realpath(filename))
+        return self.cache[filename]
+
+    def __call__(self, frame, event, arg):
+        rel = self.rel(frame.f_code.co_filename)
+        if rel is None:
+            return None
+        hits = self.hits
+        hits.add((rel, frame.f_lineno))
+
+        def local(frame, event, arg):
+            if event == "line":
+                hits.add((rel, frame.f_lineno))
+            return local
+
+        return local
+
+
+class _Child:
+    """What one forked child does: import the (mutated) reference and run cases."""
+
+    def __init__(self, state: "_State", write):
+        self.state, self.write = state, write
+
+    def run(self, module: Optional[tuple], order: list[int], stop_early: bool, trace: bool) -> dict:
+        state = self.state
+        _purge()
+        if module is not None:
+            name, filename, code = module
+            sys.meta_path.insert(0, _MutantFinder(name, filename, code))
+        tracer = None
+        if trace:
+            tracer = _Tracer(state.trace_files)
+            sys.settrace(tracer)
+        try:
+            importlib.import_module(PACKAGE)
+            from conformance.adapters.numpy_ref_adapter import NumpyRefAdapter
+
+            from .runner import Plan, apply_deviations, matrix
+
+            adapter = NumpyRefAdapter()
+        except Exception as e:
+            sys.settrace(None)
+            return {"killed": {"kind": "import", "case": None, "check": None, "message": _describe_exception(e)}}
+        failures, checks = [], 0
+        for index in order:
+            case = state.cases[index]
+            self.write({"case": index})
+            cells = list(matrix(Plan([adapter], [case], [cell_dtype(case)], [DEVICE])))
+            if not cells or cells[0][5]:
+                continue
+            _, caps, device, dtype, _, _ = cells[0]
+            runner_class = _StoppingCaseRun if stop_early and not state.deviations else CaseRun
+            case_run = runner_class(case, state.entries[index], state.tensors[index], adapter, caps, dtype, device)
+            try:
+                results = case_run.run()
+            except _FirstFailure as first:
+                failure = first.result
+                return {
+                    "killed": {
+                        "kind": "check",
+                        "case": case.id,
+                        "check": failure.check,
+                        "message": _short(failure.message),
+                    }
+                }
+            except Exception as e:
+                killed = {"kind": "exception", "case": case.id, "check": None, "message": _describe_exception(e)}
+                if stop_early:
+                    return {"killed": killed}
+                failures.append(killed)
+                continue
+            finally:
+                adapter.release()
+            apply_deviations(results, state.deviations)
+            checks += len(results)
+            for r in results:
+                if r.failed:
+                    killed = {"kind": "check", "case": case.id, "check": r.check, "message": _short(r.message)}
+                    if stop_early:
+                        return {"killed": killed}
+                    failures.append(killed)
+        sys.settrace(None)
+        out: dict = {"killed": None, "checks": checks, "failures": failures}
+        if tracer is not None:
+            out["lines"] = sorted(tracer.hits)
+        return out
+
+
+def _child_entry(state, module, order, stop_early, trace, fd) -> None:
+    """The body of a forked child: never returns."""
+    code = 0
+    try:
+        devnull = os.open(os.devnull, os.O_RDWR)
+        os.dup2(devnull, 0)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        sys.stdout = sys.stderr = open(os.devnull, "w")
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        warnings.simplefilter("ignore")
+        _limit_memory()
+
+        def write(message):
+            os.write(fd, (json.dumps(message) + "\n").encode())
+
+        result = _Child(state, write).run(module, order, stop_early, trace)
+        write({"result": result})
+    except BaseException as e:
+        code = 3
+        try:
+            os.write(fd, (json.dumps({"error": _describe_exception(e)}) + "\n").encode())
+        except BaseException:
+            pass
+    finally:
+        os._exit(code)
+
+
+# ================================================================ scheduler
+@dataclass
+class _State:
+    """What every child inherits: the cases, their manifest entries and stored tensors."""
+
+    cases: list
+    entries: list
+    tensors: list
+    deviations: list
+    trace_files: dict
+
+
+@dataclass
+class _Job:
+    index: int
+    pid: int
+    fd: int
+    started: float
+    buffer: bytes = b""
+    case: Optional[int] = None
+    result: Optional[dict] = None
+    error: Optional[str] = None
+
+
+class _Pool:
+    def __init__(self, state: _State, jobs: int, timeout: float):
+        self.state, self.jobs, self.timeout = state, jobs, timeout
+        self.selector = selectors.DefaultSelector()
+        self.running: dict = {}  # fd -> _Job
+
+    def start(self, index, module, order, stop_early=True, trace=False) -> None:
+        read, write = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            os.close(read)
+            _child_entry(self.state, module, order, stop_early, trace, write)
+        os.close(write)
+        job = _Job(index, pid, read, time.monotonic())
+        self.running[read] = job
+        self.selector.register(read, selectors.EVENT_READ)
+
+    def finished(self) -> Iterator[tuple]:
+        """Wait a little; yield (index, outcome) for every job that ended meanwhile."""
+        if not self.running:
+            return
+        now = time.monotonic()
+        deadline = min(j.started for j in self.running.values()) + self.timeout
+        for key, _ in self.selector.select(timeout=max(0.0, min(1.0, deadline - now))):
+            job = self.running[key.fd]
+            data = os.read(key.fd, 1 << 16)
+            if data:
+                job.buffer += data
+                *lines, job.buffer = job.buffer.split(b"\n")
+                for line in lines:
+                    message = json.loads(line)
+                    if "case" in message:
+                        job.case = message["case"]
+                    elif "error" in message:
+                        job.error = message["error"]
+                    else:
+                        job.result = message["result"]
+                continue
+            yield job.index, self._reap(job, timed_out=False)
+        now = time.monotonic()
+        for job in [j for j in self.running.values() if now - j.started > self.timeout]:
+            os.kill(job.pid, signal.SIGKILL)
+            yield job.index, self._reap(job, timed_out=True)
+
+    def _reap(self, job: _Job, timed_out: bool) -> dict:
+        self.selector.unregister(job.fd)
+        os.close(job.fd)
+        del self.running[job.fd]
+        _, status = os.waitpid(job.pid, 0)
+        case = None if job.case is None else self.state.cases[job.case].id
+        if timed_out:
+            return {"timeout": {"case": case, "message": f"still running after {self.timeout:g} s (in case {case})"}}
+        if job.result is not None:
+            return job.result
+        if os.WIFSIGNALED(status):
+            why = f"the child died of signal {os.WTERMSIG(status)}"
+        else:
+            why = f"the child exited with status {os.WEXITSTATUS(status)} without a result"
+        if job.error:
+            why += f" ({job.error})"
+        return {"killed": {"kind": "crash", "case": case, "check": None, "message": why}}
+
+    def close(self):
+        for job in list(self.running.values()):
+            os.kill(job.pid, signal.SIGKILL)
+            self._reap(job, timed_out=True)
+        self.selector.close()
+
+
+# =================================================================== campaign
+@dataclass
+class Outcome:
+    mutant: Mutant
+    status: str
+    killed_by: Optional[dict] = None
+    argument: Optional[str] = None
+    message: Optional[str] = None
+
+    def record(self) -> dict:
+        m = self.mutant
+        d = {
+            "id": m.id,
+            "file": f"{PACKAGE}/{m.file}",
+            "function": m.function,
+            "line": m.line,
+            "col": m.col,
+            "operator": m.operator,
+            "original": m.original,
+            "mutated": m.mutated,
+            "status": self.status,
+        }
+        if self.killed_by is not None:
+            d["killed_by"] = self.killed_by
+        if self.argument is not None:
+            d["argument"] = self.argument
+        if self.message is not None:
+            d["message"] = self.message
+        return d
+
+
+@dataclass
+class Campaign:
+    targets: list
+    case_ids: list
+    checks: int  # checks of the unmutated run
+    outcomes: list
+    stale: list  # (id, why)
+    mutant_patterns: list = field(default_factory=list)
+    other_dtype_cases: list = field(default_factory=list)  # catalog cases without a float64 cell
+
+    def count(self, status: str) -> int:
+        return sum(o.status == status for o in self.outcomes)
+
+    def totals(self) -> dict:
+        out = {"generated": len(self.outcomes)}
+        out.update({s: self.count(s) for s in STATUSES})
+        return out
+
+    @property
+    def unargued_survivors(self) -> list:
+        return [o for o in self.outcomes if o.status == "survived"]
+
+
+def load_unreached(path: pathlib.Path = UNREACHED_FILE) -> dict:
+    """The reasons, per "<file>:<function>", why the catalog does not reach some code."""
+    return load_equivalent(path)
+
+
+def unexplained_unreached(c) -> list:
+    """The "<file>:<function>" groups of unreached mutants that unreached.json gives no reason for."""
+    reasons = load_unreached()
+    groups = {f"{o.mutant.file}:{o.mutant.function}" for o in c.outcomes if o.status == "unreached"}
+    return sorted(g for g in groups if g not in reasons)
+
+
+def load_equivalent(path: pathlib.Path = EQUIVALENT_FILE) -> dict:
+    path = pathlib.Path(path)
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise _bad(str(path), "a JSON object mapping mutant ids to one-line arguments", f"invalid JSON ({e})") from None
+    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+        raise _bad(str(path), "a JSON object mapping mutant ids to one-line arguments", type(data).__name__)
+    return data
+
+
+def select_mutants(mutants: list[Mutant], patterns: Optional[list]) -> list[Mutant]:
+    if not patterns:
+        return mutants
+    chosen = []
+    for p in patterns:
+        if not any(fnmatch.fnmatchcase(m.id, p) for m in mutants):
+            raise _bad("--mutant", "a pattern matching generated mutant ids (see --list)", repr(p))
+    for m in mutants:
+        if any(fnmatch.fnmatchcase(m.id, p) for p in patterns):
+            chosen.append(m)
+    return chosen
+
+
+def _reached(m: Mutant, lines: set) -> bool:
+    first, last = m.reach or (m.line, m.end_line)
+    return any((m.file, n) in lines for n in range(first, last + 1))
+
+
+def _compile(m: Mutant, root: pathlib.Path, sources: dict):
+    filename = str(root / m.file)
+    return module_name(m.file), filename, compile(mutated_tree(sources[m.file], m), filename, "exec", dont_inherit=True)
+
+
+def run_campaign(
+    *,
+    targets: Optional[list] = None,
+    mutant_patterns: Optional[list] = None,
+    cases: Optional[list] = None,
+    jobs: int = DEFAULT_JOBS,
+    timeout: float = DEFAULT_TIMEOUT,
+    equivalent: Optional[dict] = None,
+    goldens: Optional[pathlib.Path] = None,
+    progress: Optional[Callable[[int], Optional[Callable[[str], None]]]] = None,
+) -> Campaign:
+    """Generate, run and classify the mutants (POSIX: each mutant runs in a forked child).
+
+    ``targets`` are --target values, ``mutant_patterns`` --mutant values,
+    ``cases`` a list of catalog cases (default: all), ``equivalent`` the
+    mapping of equivalent.json; ``progress(total)`` may return a callable
+    that is called with each mutant id as it finishes.
+    """
+    from .catalog import CASES
+    from .runner import load_deviations
+    from .store import GOLDEN_DIR, GoldenError, load_case, load_manifest
+
+    if not hasattr(os, "fork"):
+        raise RuntimeError("the mutation campaign forks one child per mutant: it needs a POSIX system")
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise _bad("--jobs", "an integer >= 1", jobs)
+    if not timeout > 0:
+        raise _bad("--timeout", "a positive number of seconds", timeout)
+    root = package_dir()
+    files = scope_files(root)
+    chosen_files = select_targets(targets, files)
+    sources = {f: (root / f).read_text(encoding="utf-8") for f in chosen_files}
+    mutants = select_mutants([m for f in chosen_files for m in generate(sources[f], f)], mutant_patterns)
+    equivalent = dict(equivalent or {})
+    cases = list(CASES) if cases is None else list(cases)
+    other_dtype_cases = [c.id for c in cases if cell_dtype(c) is None]
+    cases = [c for c in cases if cell_dtype(c) is not None]
+
+    directory = pathlib.Path(goldens or GOLDEN_DIR)
+    manifest = load_manifest(directory)
+    entries, tensors = [], []
+    for case in cases:
+        if case.id not in manifest["cases"]:
+            raise GoldenError(f"{case.id}: missing from the goldens; run `python -m conformance generate`")
+        entries.append(manifest["cases"][case.id])
+        tensors.append(load_case(case.id, entries[-1], directory))
+    deviations = [d for d in load_deviations() if d.adapter == "numpy"]
+    trace_files = {os.path.realpath(root / f): f for f in files}
+    state = _State(cases, entries, tensors, deviations, trace_files)
+    pool = _Pool(state, jobs, max(timeout, 600.0))
+    try:
+        pool.start(-1, None, list(range(len(cases))), stop_early=False, trace=True)
+        baseline = None
+        while pool.running:
+            for _, outcome in pool.finished():
+                baseline = outcome
+    finally:
+        pool.close()
+    if baseline is None or "lines" not in baseline or baseline.get("failures"):
+        problem = (baseline or {}).get("failures") or [(baseline or {}).get("killed") or baseline]
+        raise RuntimeError(f"the unmutated reference does not pass the selected cases: {problem[:3]}")
+    lines = {(f, n) for f, n in baseline["lines"]}
+
+    outcomes: dict = {}
+    runnable = []
+    for m in mutants:
+        if not _reached(m, lines):
+            outcomes[m.id] = Outcome(m, "unreached", argument=equivalent.get(m.id))
+            continue
+        runnable.append(m)
+    step = progress(len(runnable)) if progress else None
+    results = _run_mutants(state, runnable, jobs, timeout, root, sources, step)
+    for m, result in zip(runnable, results):
+        if "build" in result:
+            outcomes[m.id] = Outcome(m, "error-on-build", message=result["build"])
+        elif "timeout" in result:
+            outcomes[m.id] = Outcome(m, "timeout", killed_by=result["timeout"])
+        elif result.get("killed"):
+            outcomes[m.id] = Outcome(m, "killed", killed_by=result["killed"])
+        elif m.id in equivalent:
+            outcomes[m.id] = Outcome(m, "equivalent", argument=equivalent[m.id])
+        else:
+            outcomes[m.id] = Outcome(m, "survived")
+    ordered = [outcomes[m.id] for m in mutants]
+    stale = stale_equivalent(equivalent, ordered, chosen_files, mutant_patterns)
+    return Campaign(
+        chosen_files,
+        [c.id for c in cases],
+        baseline["checks"],
+        ordered,
+        stale,
+        list(mutant_patterns or []),
+        other_dtype_cases,
+    )
+
+
+def _run_mutants(state, runnable, jobs, timeout, root, sources, step) -> list:
+    """Run every mutant; mutant i orders the cases by the kills of mutants 0 .. i - WINDOW."""
+    n = len(runnable)
+    results: list = [None] * n
+    kills = [0] * len(state.cases)
+    index_of = {c.id: i for i, c in enumerate(state.cases)}
+    counted = 0  # results[0:counted] are in kills
+    pool = _Pool(state, jobs, timeout)
+    try:
+        next_index = 0
+        while next_index < n or pool.running:
+            while next_index < n and len(pool.running) < jobs:
+                while counted <= next_index - WINDOW and results[counted] is not None:
+                    killed = results[counted].get("killed")
+                    if killed and killed.get("case") in index_of and killed["kind"] in ("check", "exception"):
+                        kills[index_of[killed["case"]]] += 1
+                    counted += 1
+                if counted <= next_index - WINDOW:
+                    break  # wait for an earlier mutant: the case order must not depend on --jobs
+                m = runnable[next_index]
+                try:
+                    module = _compile(m, root, sources)
+                except Exception as e:
+                    results[next_index] = {"build": _describe_exception(e)}
+                    if step:
+                        step(m.id)
+                    next_index += 1
+                    continue
+                order = sorted(range(len(state.cases)), key=lambda i: (-kills[i], i))
+                pool.start(next_index, module, order)
+                next_index += 1
+            for index, outcome in pool.finished():
+                results[index] = outcome
+                if step:
+                    step(runnable[index].id)
+    finally:
+        pool.close()
+    return results
+
+
+def stale_equivalent(equivalent: dict, outcomes: list, files: list, patterns: Optional[list]) -> list:
+    """(id, why) for every argued id in scope that is killed or no longer generated."""
+    by_id = {o.mutant.id: o for o in outcomes}
+    stale = []
+    for mutant_id in sorted(equivalent):
+        rel = mutant_id.split(":", 1)[0]
+        if rel not in files or (patterns and not any(fnmatch.fnmatchcase(mutant_id, p) for p in patterns)):
+            continue
+        o = by_id.get(mutant_id)
+        if o is None:
+            stale.append((mutant_id, "no longer generated"))
+        elif o.status in ("killed", "timeout"):
+            k = o.killed_by or {}
+            what = f"{k.get('case')} / {k.get('check')}" if k.get("check") else f"{k.get('case')} ({k.get('kind')})"
+            stale.append((mutant_id, f"{o.status} by {what}" if o.status == "killed" else "killed by timeout"))
+        elif o.status == "error-on-build":
+            stale.append((mutant_id, "does not build"))
+    return stale
+
+
+# ===================================================================== report
+def _code(text: str) -> str:
+    text = " ".join(text.split())
+    if len(text) > 90:
+        text = text[:87] + "..."
+    return "`" + text.replace("`", "'").replace("|", "\\|") + "`"
+
+
+REPRODUCE = (
+    ("the full campaign", "python -m conformance campaign --jobs 2"),
+    ("one file", "python -m conformance campaign --target masking.py --report-dir /tmp/campaign"),
+    ("one mutant", "python -m conformance campaign --mutant 'ID' --report-dir /tmp/campaign"),
+    ("a mutant as a diff", "python -m conformance campaign --show 'ID'"),
+    ("every mutant, without running", "python -m conformance campaign --list"),
+)
+
+
+def render_markdown(c: Campaign) -> str:
+    t = c.totals()
+    out = [
+        "# Mutation campaign over numpy_ref",
+        "",
+        "Written by `python -m conformance campaign` (conformance/campaign.py); do not edit. Each mutant is one "
+        "AST change of a numpy_ref file, run against the conformance catalog with the `numpy` adapter on cpu, "
+        "each case in float64 (float32 where it is stored in float32 only); it is killed when some check fails. "
+        "A survivor is either equivalent (it cannot change any "
+        "result the spec defines; the argument is in `campaign_data/equivalent.json`) or a test input the catalog "
+        "lacks.",
+        "",
+        f"Scope: {len(c.targets)} files ({', '.join(c.targets)}), {len(c.case_ids)} cases, "
+        f"{c.checks} checks on the unmutated reference"
+        + (f"; mutants matching {', '.join(c.mutant_patterns)}" if c.mutant_patterns else "")
+        + "."
+        + (
+            f" Not run: {len(c.other_dtype_cases)} cases without a float64 or float32 cell"
+            f" ({', '.join(c.other_dtype_cases)})."
+            if c.other_dtype_cases
+            else ""
+        ),
+        "",
+        "## Totals",
+        "",
+        "| status | mutants |",
+        "| --- | ---: |",
+        f"| generated | {t['generated']} |",
+    ]
+    out += [f"| {s} | {t[s]} |" for s in STATUSES]
+    out += ["", "By file:", "", "| file | generated | killed | timeout | survived | equivalent | unreached |"]
+    out += ["| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for f in c.targets:
+        rows = [o for o in c.outcomes if o.mutant.file == f]
+        counts = [
+            sum(o.status == s for o in rows) for s in ("killed", "timeout", "survived", "equivalent", "unreached")
+        ]
+        out.append(f"| {PACKAGE}/{f} | {len(rows)} | " + " | ".join(map(str, counts)) + " |")
+    survivors = [o for o in c.outcomes if o.status in ("survived", "equivalent")]
+    out += ["", f"## Survivors ({len(survivors)})", ""]
+    if survivors:
+        out += ["| where | id | original -> mutated | verdict |", "| --- | --- | --- | --- |"]
+        for o in survivors:
+            m = o.mutant
+            verdict = f"EQUIVALENT: {o.argument}" if o.status == "equivalent" else "SURVIVED"
+            out.append(
+                f"| {m.where} | `{m.id}` | {_code(m.original)} -> {_code(m.mutated)} | {verdict.replace('|', '/')} |"
+            )
+    else:
+        out.append("None.")
+    for status, title in (("timeout", "Killed by timeout"), ("error-on-build", "Errors on build")):
+        rows = [o for o in c.outcomes if o.status == status]
+        if rows:
+            out += ["", f"## {title} ({len(rows)})", ""]
+            for o in rows:
+                why = (o.killed_by or {}).get("message") or o.message or ""
+                out.append(
+                    f"- {o.mutant.where} `{o.mutant.id}`: {_code(o.mutant.original)} -> "
+                    f"{_code(o.mutant.mutated)} ({why})"
+                )
+    unreached = [o for o in c.outcomes if o.status == "unreached"]
+    out += ["", f"## Unreached ({len(unreached)})", ""]
+    out.append(
+        "Mutants on lines that the unmutated catalog never executes: coverage findings of the catalog, not kills."
+    )
+    groups: dict = {}
+    for o in unreached:
+        groups.setdefault((o.mutant.file, o.mutant.function), []).append(o)
+    reasons = load_unreached()
+    for (f, function), rows in groups.items():
+        out += ["", f"### {PACKAGE}/{f}: {function} ({len(rows)})", ""]
+        out += [f"Why unreached: {reasons.get(f'{f}:{function}', '**no reason given** (unreached.json)')}", ""]
+        for o in rows:
+            note = f" (argued equivalent: {o.argument})" if o.argument else ""
+            out.append(
+                f"- line {o.mutant.line} `{o.mutant.id}`: {_code(o.mutant.original)} -> {_code(o.mutant.mutated)}{note}"
+            )
+    if c.stale:
+        out += ["", f"## Stale equivalence arguments ({len(c.stale)})", ""]
+        out += [f"- `{i}`: {why}; remove it from equivalent.json" for i, why in c.stale]
+    first = {}
+    for o in c.outcomes:
+        if o.status == "killed" and o.killed_by and o.killed_by.get("case"):
+            first[o.killed_by["case"]] = first.get(o.killed_by["case"], 0) + 1
+    if first:
+        out += ["", "## First killers", "", "The case that killed each mutant first (the order is adaptive).", ""]
+        out += ["| case | mutants |", "| --- | ---: |"]
+        out += [f"| {case} | {n} |" for case, n in sorted(first.items(), key=lambda x: (-x[1], x[0]))]
+    ops: dict = {}
+    for o in c.outcomes:
+        row = ops.setdefault(o.mutant.operator, {s: 0 for s in STATUSES})
+        row[o.status] += 1
+    out += ["", "## Operators", "", "| operator | " + " | ".join(STATUSES) + " |"]
+    out += ["| --- |" + " ---: |" * len(STATUSES)]
+    out += [f"| {op} | " + " | ".join(str(ops[op][s]) for s in STATUSES) + " |" for op in sorted(ops)]
+    out += ["", "## Reproduce", ""]
+    out += [f"- {what}: `{cmd}`" for what, cmd in REPRODUCE]
+    out += ["", "The campaign forks one child per mutant (POSIX only); `--jobs N` runs N at once."]
+    return "\n".join(out) + "\n"
+
+
+def report_json(c: Campaign) -> dict:
+    return {
+        "scope": {
+            "files": [f"{PACKAGE}/{f}" for f in c.targets],
+            "cases": c.case_ids,
+            "checks": c.checks,
+            "cases_without_float64_or_float32": c.other_dtype_cases,
+        },
+        "mutant_patterns": c.mutant_patterns,
+        "adapter": "numpy",
+        "dtypes": list(DTYPES),
+        "device": DEVICE,
+        "totals": c.totals(),
+        "stale_equivalent": [{"id": i, "why": why} for i, why in c.stale],
+        "mutants": [o.record() for o in c.outcomes],
+    }
+
+
+def write_reports(c: Campaign, directory: pathlib.Path = DATA_DIR) -> list[pathlib.Path]:
+    directory = pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    js, md = directory / "report.json", directory / "REPORT.md"
+    js.write_text(json.dumps(report_json(c), indent=1, sort_keys=False) + "\n", encoding="utf-8")
+    md.write_text(render_markdown(c), encoding="utf-8")
+    return [js, md]
+
+
+# ======================================================================== CLI
+def main(args, progress=None) -> int:
+    """``python -m conformance campaign``: see ``conformance.cli``."""
+    root = package_dir()
+    files = scope_files(root)
+    chosen = select_targets(args.target, files)
+    if args.show or args.list:
+        mutants = select_mutants(generate_files(chosen, root), args.mutant)
+        if args.show:
+            hit = [m for m in mutants if m.id == args.show]
+            if not hit:
+                raise _bad("--show", "the id of a generated mutant (see --list)", repr(args.show))
+            m = hit[0]
+            print(f"{m.id}  {m.where}  {m.original} -> {m.mutated}")
+            print(diff(m, root), end="")
+            return 0
+        for m in mutants:
+            print(f"{m.id:60s} {m.line:4d}  {' '.join(m.original.split())} -> {' '.join(m.mutated.split())}")
+        print(f"{len(mutants)} mutants in {len(chosen)} files")
+        return 0
+    equivalent_path = pathlib.Path(args.equivalent) if args.equivalent else EQUIVALENT_FILE
+    report_dir = pathlib.Path(args.report_dir) if args.report_dir else DATA_DIR
+    started = time.monotonic()
+    c = run_campaign(
+        targets=args.target,
+        mutant_patterns=args.mutant,
+        jobs=args.jobs,
+        timeout=args.timeout,
+        equivalent=load_equivalent(equivalent_path),
+        goldens=pathlib.Path(args.goldens),
+        progress=progress,
+    )
+    elapsed = time.monotonic() - started
+    for path in write_reports(c, report_dir):
+        print(f"wrote {path}")
+    t = c.totals()
+    print(
+        f"mutation campaign: {t['generated']} mutants in {len(c.targets)} files, {len(c.case_ids)} cases: "
+        f"{t['killed']} killed, {t['timeout']} timeouts, {t['survived']} survived, {t['equivalent']} equivalent, "
+        f"{t['unreached']} unreached, {t['error-on-build']} errors on build ({elapsed:.0f} s)"
+    )
+    for i, why in c.stale:
+        print(f"warning: stale equivalence argument {i}: {why}", file=sys.stderr)
+    for o in c.unargued_survivors:
+        m = o.mutant
+        print(f"  SURVIVED {m.id}  {m.where}  {' '.join(m.original.split())} -> {' '.join(m.mutated.split())}")
+    unexplained = unexplained_unreached(c)
+    for group in unexplained:
+        print(f"  UNREACHED without a reason in unreached.json: {group}")
+    if (c.unargued_survivors or unexplained) and not args.allow_survivors:
+        return 1
+    return 0

@@ -1,0 +1,336 @@
+"""The mutation campaign over numpy_ref (conformance/campaign.py): operators, ids, runner, report."""
+
+import argparse
+import ast
+import json
+import re
+
+import pytest
+
+from conformance import campaign, cli
+from conformance.catalog import CASES
+
+TOY = '''\
+"""A toy module."""
+
+import numpy as np
+
+
+def f(x, y, mask):
+    """Never mutated."""
+    if x is None:
+        raise ValueError(f"x: expected an array, got {x!r}")
+    z = x - y * 2.0
+    z = np.where(mask, z, 0.0)
+    out = z.sum(axis=-1, keepdims=True)
+    out[..., 0] = -y
+    return out.transpose(0, 2, 1)[:, None]
+
+
+def g(a, b, n):
+    keep = ~a & b
+    keep |= a
+    if not (n > 1 and b.any()):
+        return None
+    return np.abs(a[1 : n - 1]) if n < 3 else a.copy()
+'''
+
+TOY_MUTANTS = {
+    "toy.py:f:compare:0": (8, "x is None", "x is not None"),
+    "toy.py:f:stmt-drop:0": (9, "raise ValueError(f'x: expected an array, got {x!r}')", "pass"),
+    "toy.py:f:arith:0": (10, "x - y * 2.0", "x + y * 2.0"),
+    "toy.py:f:operand-swap:0": (10, "x - y * 2.0", "y * 2.0 - x"),
+    "toy.py:f:operand-drop:0": (10, "x - y * 2.0", "x"),
+    "toy.py:f:operand-drop:1": (10, "x - y * 2.0", "y * 2.0"),
+    "toy.py:f:arith:1": (10, "y * 2.0", "y / 2.0"),
+    "toy.py:f:float-const:0": (10, "2.0", "-2.0"),
+    "toy.py:f:float-const:1": (10, "2.0", "4.0"),
+    "toy.py:f:stmt-drop:1": (11, "z = np.where(mask, z, 0.0)", "pass"),
+    "toy.py:f:where-swap:0": (11, "np.where(mask, z, 0.0)", "np.where(mask, 0.0, z)"),
+    "toy.py:f:float-const:2": (11, "0.0", "1.0"),
+    "toy.py:f:func-swap:0": (12, "z.sum(axis=-1, keepdims=True)", "z.mean(axis=-1, keepdims=True)"),
+    "toy.py:f:axis:0": (12, "-1", "0"),
+    "toy.py:f:axis:1": (12, "-1", "-2"),
+    "toy.py:f:keepdims:0": (12, "keepdims=True", "keepdims=False"),
+    "toy.py:f:stmt-drop:2": (13, "out[..., 0] = -y", "pass"),
+    "toy.py:f:index:0": (13, "0", "1"),
+    "toy.py:f:index:1": (13, "0", "-1"),
+    "toy.py:f:neg-removal:0": (13, "-y", "y"),
+    "toy.py:f:none-move:0": (14, "out.transpose(0, 2, 1)[:, None]", "out.transpose(0, 2, 1)[None, :]"),
+    "toy.py:f:perm-swap:0": (14, "out.transpose(0, 2, 1)", "out.transpose(2, 0, 1)"),
+    "toy.py:f:perm-swap:1": (14, "out.transpose(0, 2, 1)", "out.transpose(1, 2, 0)"),
+    "toy.py:f:perm-swap:2": (14, "out.transpose(0, 2, 1)", "out.transpose(0, 1, 2)"),
+    "toy.py:g:bitwise:0": (18, "~a & b", "~a | b"),
+    "toy.py:g:operand-drop:0": (18, "~a & b", "~a"),
+    "toy.py:g:operand-drop:1": (18, "~a & b", "b"),
+    "toy.py:g:invert-removal:0": (18, "~a", "a"),
+    "toy.py:g:bitwise:1": (19, "keep |= a", "keep &= a"),
+    "toy.py:g:stmt-drop:0": (19, "keep |= a", "pass"),
+    "toy.py:g:not-removal:0": (20, "not (n > 1 and b.any())", "n > 1 and b.any()"),
+    "toy.py:g:boolop:0": (20, "n > 1 and b.any()", "n > 1 or b.any()"),
+    "toy.py:g:compare:0": (20, "n > 1", "n >= 1"),
+    "toy.py:g:int-const:0": (20, "1", "2"),
+    "toy.py:g:int-const:1": (20, "1", "0"),
+    "toy.py:g:func-swap:0": (20, "b.any()", "b.all()"),
+    "toy.py:g:call-drop:0": (22, "np.abs(a[1:n - 1])", "a[1:n - 1]"),
+    "toy.py:g:slice:0": (22, "1:n - 1", "2:n - 1"),
+    "toy.py:g:slice:1": (22, "1:n - 1", "0:n - 1"),
+    "toy.py:g:arith:0": (22, "n - 1", "n + 1"),
+    "toy.py:g:operand-swap:0": (22, "n - 1", "1 - n"),
+    "toy.py:g:operand-drop:2": (22, "n - 1", "n"),
+    "toy.py:g:operand-drop:3": (22, "n - 1", "1"),
+    "toy.py:g:int-const:2": (22, "1", "2"),
+    "toy.py:g:int-const:3": (22, "1", "0"),
+    "toy.py:g:compare:1": (22, "n < 3", "n <= 3"),
+    "toy.py:g:cond-negate:0": (22, "n < 3", "not n < 3"),
+    "toy.py:g:int-const:4": (22, "3", "4"),
+    "toy.py:g:int-const:5": (22, "3", "2"),
+    "toy.py:g:call-drop:1": (22, "a.copy()", "a"),
+}
+
+
+def test_operators_on_a_toy_module():
+    got = {m.id: (m.line, m.original, m.mutated) for m in campaign.generate(TOY, "toy.py")}
+    assert got == TOY_MUTANTS
+
+
+def test_docstrings_strings_and_exception_messages_are_never_mutated():
+    source = 'def h(x):\n    """Doc 1."""\n    raise ValueError("x: expected 1, got " + str(x - 1))\n'
+    assert [(m.operator, m.mutated) for m in campaign.generate(source, "h.py")] == [("stmt-drop", "pass")]
+
+
+def test_a_default_value_is_reached_when_its_function_body_runs():
+    source = 'def h(n=3):\n    """Doc."""\n    return n - 1\n'
+    by_id = {m.id: m for m in campaign.generate(source, "h.py")}
+    assert (by_id["h.py:h:int-const:0"].line, by_id["h.py:h:int-const:0"].reach) == (1, (3, 3))
+    assert by_id["h.py:h:int-const:2"].original == "1" and by_id["h.py:h:int-const:2"].reach == (3, 3)
+
+
+def test_mutated_source_rewrites_only_the_node():
+    by_id = {m.id: m for m in campaign.generate(TOY, "toy.py")}
+    lines = TOY.splitlines()
+    dropped = campaign.mutated_source(TOY, by_id["toy.py:f:stmt-drop:1"]).splitlines()
+    assert dropped == lines[:10] + ["    pass"] + lines[11:]
+    sliced = campaign.mutated_source(TOY, by_id["toy.py:g:slice:0"]).splitlines()
+    assert sliced[21] == "    return np.abs(a[2:n - 1]) if n < 3 else a.copy()"
+    assert sliced[:21] == lines[:21]
+    tree = campaign.mutated_tree(TOY, by_id["toy.py:f:axis:1"])
+    assert "out = z.sum(axis=-2, keepdims=True)" in ast.unparse(tree)
+
+
+@pytest.fixture(scope="module")
+def reference_mutants():
+    return campaign.generate_files(campaign.scope_files())
+
+
+def test_ids_are_stable_unique_and_name_their_place(reference_mutants):
+    again = campaign.generate_files(campaign.scope_files())
+    assert [m.id for m in again] == [m.id for m in reference_mutants]
+    ids = [m.id for m in reference_mutants]
+    assert len(ids) == len(set(ids))
+    files = set(campaign.scope_files())
+    assert "definition.py" not in files and "schemes/_literal.py" not in files and "forward.py" in files
+    for m in reference_mutants:
+        rel, function, operator, k = m.id.split(":")
+        assert rel == m.file in files and function == m.function and operator == m.operator and k.isdigit()
+    per_key: dict = {}
+    for m in reference_mutants:
+        per_key.setdefault(m.id.rsplit(":", 1)[0], []).append(int(m.id.rsplit(":", 1)[1]))
+    assert all(ks == list(range(len(ks))) for ks in per_key.values())
+
+
+def test_every_reference_mutant_compiles_and_reads_as_a_change_of_its_own_lines(reference_mutants):
+    root = campaign.package_dir()
+    sources = {f: (root / f).read_text(encoding="utf-8") for f in {m.file for m in reference_mutants}}
+    for m in reference_mutants:
+        compile(campaign.mutated_tree(sources[m.file], m), m.file, "exec", dont_inherit=True)
+    # the readable source: one mutant per file and operator, and every negative literal (the parser's -n)
+    sample = {(m.file, m.operator): m for m in reversed(reference_mutants)}
+    sample.update({m.id: m for m in reference_mutants if m.mutated.startswith("-")})
+    for m in sample.values():
+        old = sources[m.file].splitlines()
+        new = campaign.mutated_source(sources[m.file], m).splitlines()
+        after = len(old) - m.end_line
+        assert new[: m.line - 1] == old[: m.line - 1] and new[len(new) - after :] == old[m.end_line :], m.id
+
+
+def _find(mutants, file, function, operator, original, mutated):
+    hits = [
+        m
+        for m in mutants
+        if (m.file, m.function, m.operator, m.original, m.mutated) == (file, function, operator, original, mutated)
+    ]
+    assert len(hits) == 1, hits
+    return hits[0].id
+
+
+CASE_IDS = ("vanilla/cross/lq5-lk7", "mask/rank2-QK", "mask/fully-masked-rows")
+LONG_CASE_IDS = ("causal/self/long-L640", "huang/M512/self/causal-long-L512", "shaw/k3/self/causal-long-L640")
+
+
+@pytest.fixture(scope="module")
+def ids(reference_mutants):
+    find = lambda *a: _find(reference_mutants, *a)  # noqa: E731
+    return {
+        "inverted-max": find("masking.py", "masked_softmax", "operand-swap", "z - row_max", "row_max - z"),
+        "mask-dropped": find("masking.py", "allowed_keys", "stmt-drop", "allowed &= mask", "pass"),
+        # the fallback denominator of an empty row: the outer np.where puts 0.0 there whatever it is
+        "equivalent": [
+            m.id
+            for m in reference_mutants
+            if m.function == "masked_softmax" and m.original == "1.0" and m.mutated == "2.0"
+        ][0],
+        "unreached": find(
+            "params.py",
+            "identity_params",
+            "stmt-drop",
+            "params[name] = np.eye(D) if name.startswith('w') else np.zeros(shape)",
+            "pass",
+        ),
+    }
+
+
+@pytest.fixture(scope="module")
+def small_campaign(ids):
+    equivalent = {
+        ids["equivalent"]: "the fallback only fills rows that the outer where sets to 0.0",
+        ids["mask-dropped"]: "a wrong argument",
+    }
+    return campaign.run_campaign(
+        targets=["masking.py", "params.py"],
+        mutant_patterns=[ids["inverted-max"], ids["mask-dropped"], ids["equivalent"], ids["unreached"]],
+        cases=[c for c in CASES if c.id in CASE_IDS],
+        jobs=2,
+        equivalent=equivalent,
+    )
+
+
+def test_the_runner_kills_wrong_softmax_and_dropped_mask_and_spares_an_equivalent(small_campaign, ids):
+    status = {o.mutant.id: o for o in small_campaign.outcomes}
+    for name in ("inverted-max", "mask-dropped"):
+        o = status[ids[name]]
+        assert o.status == "killed", o
+        assert o.killed_by["kind"] == "check" and o.killed_by["case"] in CASE_IDS and o.killed_by["check"]
+    assert status[ids["mask-dropped"]].killed_by["case"].startswith("mask/")
+    assert status[ids["equivalent"]].status == "equivalent"
+    assert status[ids["equivalent"]].argument.startswith("the fallback")
+    assert status[ids["unreached"]].status == "unreached"
+    assert small_campaign.checks > 0 and small_campaign.case_ids == [c.id for c in CASES if c.id in CASE_IDS]
+
+
+def test_stale_equivalence_arguments_are_reported(small_campaign, ids):
+    ((stale_id, why),) = small_campaign.stale
+    assert stale_id == ids["mask-dropped"] and why.startswith("killed by mask/")
+    gone = {"masking.py:nowhere:arith:0": "x"}
+    assert campaign.stale_equivalent(gone, small_campaign.outcomes, ["masking.py"], None) == [
+        ("masking.py:nowhere:arith:0", "no longer generated")
+    ]
+    # an argued id outside the campaign's files or --mutant patterns is not judged
+    assert campaign.stale_equivalent(gone, small_campaign.outcomes, ["params.py"], None) == []
+    assert campaign.stale_equivalent(gone, small_campaign.outcomes, ["masking.py"], ["masking.py:dead*"]) == []
+
+
+def test_a_mutant_past_its_timeout_is_killed_by_timeout(ids):
+    c = campaign.run_campaign(
+        targets=["masking.py"],
+        mutant_patterns=[ids["equivalent"]],
+        cases=[c for c in CASES if c.id in LONG_CASE_IDS],
+        timeout=0.05,
+    )
+    (o,) = c.outcomes
+    assert o.status == "timeout" and "still running after 0.05 s" in o.killed_by["message"]
+
+
+def test_the_report_renders(small_campaign, ids, tmp_path):
+    paths = campaign.write_reports(small_campaign, tmp_path)
+    assert [p.name for p in paths] == ["report.json", "REPORT.md"]
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["totals"] == {
+        "generated": 4,
+        "killed": 2,
+        "timeout": 0,
+        "survived": 0,
+        "equivalent": 1,
+        "unreached": 1,
+        "error-on-build": 0,
+    }
+    records = {r["id"]: r for r in data["mutants"]}
+    killed = records[ids["inverted-max"]]
+    assert killed["file"] == "numpy_ref/masking.py" and killed["original"] == "z - row_max"
+    assert set(killed["killed_by"]) == {"kind", "case", "check", "message"}
+    assert [s["id"] for s in data["stale_equivalent"]] == [ids["mask-dropped"]]
+    md = (tmp_path / "REPORT.md").read_text()
+    eq = records[ids["equivalent"]]
+    assert re.search(
+        rf"\| numpy_ref/masking.py:{eq['line']} \| `{re.escape(ids['equivalent'])}` \| `1.0` -> `2.0` \| "
+        r"EQUIVALENT: the fallback",
+        md,
+    )
+    assert "### numpy_ref/params.py: identity_params (1)" in md
+    assert "## Stale equivalence arguments (1)" in md and "python -m conformance campaign --jobs 2" in md
+
+
+def _args(**kw):
+    defaults = dict(
+        target=None, mutant=None, jobs=2, timeout=30.0, report_dir=None, equivalent=None, allow_survivors=False,
+        list=False, show=None, no_progress=True, goldens=str(campaign.HERE / "goldens"),
+    )  # fmt: skip
+    defaults.update(kw)
+    return argparse.Namespace(**defaults)
+
+
+def test_the_exit_status_gates_on_unargued_survivors(small_campaign, ids, monkeypatch, tmp_path, capsys):
+    survived = campaign.Campaign(
+        small_campaign.targets,
+        small_campaign.case_ids,
+        small_campaign.checks,
+        [campaign.Outcome(o.mutant, "survived") if o.status == "equivalent" else o for o in small_campaign.outcomes],
+        [],
+    )
+    monkeypatch.setattr(campaign, "run_campaign", lambda **kw: survived)
+    assert campaign.main(_args(report_dir=str(tmp_path))) == 1
+    assert "SURVIVED masking.py:masked_softmax:float-const" in capsys.readouterr().out
+    assert campaign.main(_args(report_dir=str(tmp_path), allow_survivors=True)) == 0
+    monkeypatch.setattr(campaign, "run_campaign", lambda **kw: small_campaign)
+    assert campaign.main(_args(report_dir=str(tmp_path))) == 0
+    assert f"stale equivalence argument {ids['mask-dropped']}: killed by" in capsys.readouterr().err
+
+
+def test_bad_targets_and_arguments_are_named():
+    with pytest.raises(ValueError) as e:
+        campaign.select_targets(["nope.py"], ["a.py", "schemes/b.py"])
+    assert str(e.value) == (
+        "--target: expected a file of numpy_ref/ in the campaign's scope or a pattern matching one "
+        "(a.py, schemes/b.py; definition.py and schemes/_literal.py are out of scope), got 'nope.py'"
+    )
+    assert campaign.select_targets(["numpy_ref/schemes/*", "a.py"], ["a.py", "c.py", "schemes/b.py"]) == [
+        "a.py",
+        "schemes/b.py",
+    ]
+    with pytest.raises(ValueError, match=r"^--jobs: expected an integer >= 1, got 0$"):
+        campaign.run_campaign(jobs=0)
+    with pytest.raises(ValueError, match=r"^--timeout: expected a positive number of seconds, got 0$"):
+        campaign.run_campaign(timeout=0)
+    with pytest.raises(
+        ValueError, match=r"^--mutant: expected a pattern matching generated mutant ids \(see --list\), "
+    ):
+        campaign.select_mutants(campaign.generate(TOY, "toy.py"), ["toy.py:h:*"])
+
+
+def test_cli_usage_errors_exit_2(capsys):
+    assert cli.main(["campaign", "--target", "definition.py", "--list"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("conformance: --target: expected a file of numpy_ref/ in the campaign's scope")
+    assert err.rstrip().endswith("got 'definition.py'")
+    assert cli.main(["campaign", "--show", "forward.py:run:nope:0"]) == 2
+    assert "--show: expected the id of a generated mutant (see --list), got" in capsys.readouterr().err
+
+
+def test_cli_lists_and_shows_mutants(capsys):
+    assert cli.main(["campaign", "--target", "heads.py", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "heads.py:merge_heads:perm-swap:3" in out and out.rstrip().endswith("mutants in 1 files")
+    assert cli.main(["campaign", "--show", "heads.py:merge_heads:perm-swap:3"]) == 0
+    out = capsys.readouterr().out
+    assert "-    return x.transpose(0, 2, 1, 3).reshape(B, L, H * d)" in out
+    assert "+    return x.transpose(0, 1, 2, 3).reshape(B, L, H * d)" in out
