@@ -1135,7 +1135,7 @@ class Campaign:
 
 def load_unreached(path: pathlib.Path = UNREACHED_FILE) -> dict:
     """The reasons, per "<file>:<function>", why the catalog does not reach some code."""
-    return load_equivalent(path)
+    return _load_arguments(path, "a JSON object mapping <file>:<function> to one-line reasons")
 
 
 def unexplained_unreached(c) -> list:
@@ -1146,15 +1146,20 @@ def unexplained_unreached(c) -> list:
 
 
 def load_equivalent(path: pathlib.Path = EQUIVALENT_FILE) -> dict:
+    return _load_arguments(path, "a JSON object mapping mutant ids to one-line arguments")
+
+
+def _load_arguments(path: pathlib.Path, expected: str) -> dict:
+    """A JSON object of strings to strings; {} when the file does not exist."""
     path = pathlib.Path(path)
     if not path.is_file():
         return {}
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
-        raise _bad(str(path), "a JSON object mapping mutant ids to one-line arguments", f"invalid JSON ({e})") from None
+        raise _bad(str(path), expected, f"invalid JSON ({e})") from None
     if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
-        raise _bad(str(path), "a JSON object mapping mutant ids to one-line arguments", type(data).__name__)
+        raise _bad(str(path), expected, type(data).__name__)
     return data
 
 

@@ -120,6 +120,16 @@ class Bias:
         return {"bias"}
 
 
+def _runs_per_batch(rng, dims: Dims, step: int) -> dict:
+    """(B, L) runs of positions ``step`` apart whose key-minus-query offset differs in every batch element."""
+    start = rng.integers(-4, 5, size=(dims.B, 1))
+    offset = 3 * np.arange(dims.B)[:, None] - dims.B
+    return {
+        "q_positions": (step * np.arange(dims.Lq) + start).astype(np.int64),
+        "k_positions": (step * np.arange(dims.Lk) + start + offset).astype(np.int64),
+    }
+
+
 @dataclass(frozen=True)
 class Positions:
     """Explicit positions (POS-1).
@@ -180,12 +190,7 @@ class Positions:
                 "k_positions": (np.arange(Lk) + off + rng.integers(-2, 3, size=(B, 1))).astype(np.int64),
             }
         if self.kind == "per-batch-offsets":
-            start = rng.integers(-4, 5, size=(B, 1))
-            offset = 3 * np.arange(B)[:, None] - B  # key minus query: distinct in every batch element
-            return {
-                "q_positions": (np.arange(Lq) + start).astype(np.int64),
-                "k_positions": (np.arange(Lk) + start + offset).astype(np.int64),
-            }
+            return _runs_per_batch(rng, dims, step=1)
         if self.kind == "random-per-batch":
             return {
                 "q_positions": rng.integers(-3, Lk + 3, size=(B, Lq)).astype(np.int64),
@@ -196,12 +201,7 @@ class Positions:
         if self.kind == "spread":
             return {"k_positions": 3 * np.arange(Lk, dtype=np.int64)}
         if self.kind == "strided-per-batch":
-            start = rng.integers(-4, 5, size=(B, 1))
-            offset = 3 * np.arange(B)[:, None] - B
-            return {
-                "q_positions": (2 * np.arange(Lq) + start).astype(np.int64),
-                "k_positions": (2 * np.arange(Lk) + start + offset).astype(np.int64),
-            }
+            return _runs_per_batch(rng, dims, step=2)
         if self.kind == "gapped-queries":
             q = np.arange(Lq, dtype=np.int64)
             q[Lq // 2 :] += 2

@@ -399,38 +399,35 @@ def _and_mask(inputs, extra) -> dict:
 
 
 # --------------------------------------------------- positions that vary per batch element
-class QueryPositionsFromFirstBatch(Mutant):
-    rule = "POS-1"
-    description = "(B, Lq) query positions read from batch element 0 for every batch element"
+class _PositionsFromFirstBatch(Mutant):
+    """(B, L) positions named in ``names`` read from batch element 0 for every batch element."""
+
+    names: tuple = ()
 
     def mutate_inputs(self, spec, inputs):
-        qp = inputs.get("q_positions")
-        if qp is not None and np.ndim(qp) == 2:
-            inputs["q_positions"] = np.asarray(qp)[0]
-        return inputs
-
-
-class KeyPositionsFromFirstBatch(Mutant):
-    rule = "POS-1"
-    description = "(B, Lk) key positions read from batch element 0 for every batch element"
-
-    def mutate_inputs(self, spec, inputs):
-        kp = inputs.get("k_positions")
-        if kp is not None and np.ndim(kp) == 2:
-            inputs["k_positions"] = np.asarray(kp)[0]
-        return inputs
-
-
-class DistancesFromFirstBatch(Mutant):
-    rule = "POS-2"
-    description = "relative distances computed once from batch element 0's positions and used for every element"
-
-    def mutate_inputs(self, spec, inputs):
-        for name in ("q_positions", "k_positions"):
+        for name in self.names:
             p = inputs.get(name)
             if p is not None and np.ndim(p) == 2:
                 inputs[name] = np.asarray(p)[0]
         return inputs
+
+
+class QueryPositionsFromFirstBatch(_PositionsFromFirstBatch):
+    rule = "POS-1"
+    description = "(B, Lq) query positions read from batch element 0 for every batch element"
+    names = ("q_positions",)
+
+
+class KeyPositionsFromFirstBatch(_PositionsFromFirstBatch):
+    rule = "POS-1"
+    description = "(B, Lk) key positions read from batch element 0 for every batch element"
+    names = ("k_positions",)
+
+
+class DistancesFromFirstBatch(_PositionsFromFirstBatch):
+    rule = "POS-2"
+    description = "relative distances computed once from batch element 0's positions and used for every element"
+    names = ("q_positions", "k_positions")
 
 
 class CausalFromIndices(Mutant):
