@@ -295,6 +295,14 @@ class Case:
             f.add("no-projection-bias")
         if s.dropout > 0:
             f.add("dropout-spec")
+        if s.kv_heads != s.num_heads:
+            f.add("grouped-kv-heads")
+        if s.v_head_dim != s.head_dim:
+            f.add("value-head-dim")
+        if s.softcap is not None:
+            f.add("softcap")
+        if s.window is not None:
+            f.add("window")
         if not self.self_attention:
             f.add("cross-attention")
         if self.expect_error:

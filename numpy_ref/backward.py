@@ -16,8 +16,8 @@ from spec.validation import fail_type, fail_value
 from . import relative as rel
 from ._inputs import describe, prepare
 from .forward import Trace, run
-from .heads import merge_heads, split_heads
-from .masking import masked_softmax_vjp
+from .heads import merge_heads, split_heads, sum_kv_heads
+from .masking import masked_softmax_vjp, softcap_vjp
 
 
 def _project_vjp(x: np.ndarray, w: np.ndarray, g: np.ndarray):
@@ -45,11 +45,11 @@ def backward(spec: AttentionSpec, trace: Trace, grad_out: np.ndarray) -> dict:
 
     # OUT-1: out = merged @ wo + bo
     d_merged, grads["wo"], dbo = _project_vjp(trace.merged, p["wo"], grad_out)
-    d_o = split_heads(d_merged, H)  # HEAD-2 inverse, (B, H, Lq, d)
+    d_o = split_heads(d_merged, H)  # HEAD-2 inverse, (B, H, Lq, dv)
 
     # o = w' @ v  (+ REL-3 (4): the value term of w')
     d_dropped = d_o @ trace.v.swapaxes(-1, -2)  # (B, H, Lq, Lk)
-    d_v = trace.dropped.swapaxes(-1, -2) @ d_o  # (B, H, Lk, d)
+    d_v = trace.dropped.swapaxes(-1, -2) @ d_o  # (B, H, Lk, dv)
     if hooks.uses("value_term"):
         d_w, g = hooks.call("value_term_vjp", p, saved["value_term"], d_o)
         _add_grads(grads, g)
@@ -69,6 +69,10 @@ def backward(spec: AttentionSpec, trace: Trace, grad_out: np.ndarray) -> dict:
     if hooks.uses("bias"):
         _add_grads(grads, hooks.call("bias_vjp", p, saved["bias"], d_logits))
 
+    # SOFTCAP-1: the score went through cap * tanh(score / cap)
+    if trace.capped is not None:
+        d_logits = softcap_vjp(trace.capped, d_logits)
+
     # SCALE-2: s * q @ k.T
     s = spec.effective_scale
     d_q = s * (d_logits @ trace.k)
@@ -80,6 +84,9 @@ def backward(spec: AttentionSpec, trace: Trace, grad_out: np.ndarray) -> dict:
     if hooks.uses("qk_transform"):  # REL-3 (1): back to the q, k of the head split
         d_q, d_k, g = hooks.call("qk_transform_vjp", p, saved["qk_transform"], d_q, d_k)
         _add_grads(grads, g)
+
+    # HEAD-3: a key/value head's gradient sums over the query heads of its group
+    d_k, d_v = sum_kv_heads(d_k, spec.group_size), sum_kv_heads(d_v, spec.group_size)
 
     # PROJ-1 and HEAD-1 for q, k, v
     for name, x, d_head in (("q", call.query, d_q), ("k", None, d_k), ("v", None, d_v)):

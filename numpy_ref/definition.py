@@ -56,9 +56,12 @@ def attention(
     p = call.params
     B, Lq, Lk = call.dims
     H, d, D = spec.num_heads, spec.head_dim, spec.model_dim
-    s = spec.scale if spec.scale is not None else 1.0 / math.sqrt(d)  # SCALE-1
+    Hkv = H if spec.num_kv_heads is None else spec.num_kv_heads  # HEAD-3
+    dv = d if spec.value_head_dim is None else spec.value_head_dim  # HEAD-4
+    s = spec.scale if spec.scale is not None else 1.0 / math.sqrt(d)  # SCALE-1: d, not dv
     s_rel = s if spec.scale_relative else 1.0  # SCALE-3
-    zeros = np.zeros(D)
+    left, right = (None, None) if spec.window is None else spec.window  # WINDOW-1
+    zeros = np.zeros(max(D, H * dv))
     bq, bk, bv, bo = (p.get(n, zeros) for n in ("bq", "bk", "bv", "bo"))
     full = (B, H, Lq, Lk)
     mask_b = None if call.mask is None else np.broadcast_to(call.mask, full)
@@ -74,12 +77,15 @@ def attention(
     for b in range(B):
         # q, k, v per head, HEAD-1: feature f = h * d + c
         Q = [[[proj(call.query[b], p["wq"], bq, i, h * d + c) for c in range(d)] for i in range(Lq)] for h in range(H)]
-        K = [[[proj(call.key[b], p["wk"], bk, j, h * d + c) for c in range(d)] for j in range(Lk)] for h in range(H)]
-        V = [[[proj(call.value[b], p["wv"], bv, j, h * d + c) for c in range(d)] for j in range(Lk)] for h in range(H)]
+        # key/value head g = h * Hkv // H serves query head h (HEAD-3); value heads have dv channels (HEAD-4)
+        K = [[[proj(call.key[b], p["wk"], bk, j, g * d + c) for c in range(d)] for j in range(Lk)] for g in range(Hkv)]
+        V = [[[proj(call.value[b], p["wv"], bv, j, g * dv + c) for c in range(dv)] for j in range(Lk)] for g in range(Hkv)]
+        K = [K[h * Hkv // H] for h in range(H)]
+        V = [V[h * Hkv // H] for h in range(H)]
         if hooks.uses("qk_transform"):  # REL-3 (1): each q and k vector at its own position
             Q = [[hooks.call("literal_q", p, h, Q[h][i], int(qpos[b, i])) for i in range(Lq)] for h in range(H)]
             K = [[hooks.call("literal_k", p, h, K[h][j], int(kpos[b, j])) for j in range(Lk)] for h in range(H)]
-        merged = np.zeros((Lq, D))
+        merged = np.zeros((Lq, H * dv))
         for h in range(H):
             for i in range(Lq):
                 logit, allowed = [0.0] * Lk, [True] * Lk
@@ -89,12 +95,16 @@ def attention(
                     term = s * _dot(Q[h][i], K[h][j])  # SCALE-2
                     if hooks.uses("key_term"):  # REL-3 (2), REL-1, SCALE-3
                         term += s_rel * hooks.call("literal_key_term", p, h, Q[h][i], qp, kp)
+                    if spec.softcap is not None:  # SOFTCAP-1: before biases and masks
+                        term = spec.softcap * math.tanh(term / spec.softcap)
                     if hooks.uses("bias"):  # REL-3 (3): unscaled
                         term += hooks.call("literal_bias", p, h, qp, kp)
                     if bias_b is not None:  # BIAS-1
                         term += float(bias_b[b, h, i, j])
                         allowed[j] = bias_b[b, h, i, j] != -math.inf  # BIAS-2
                     if spec.causal and delta > 0:  # CAUSAL-1
+                        allowed[j] = False
+                    if (left is not None and delta < -left) or (right is not None and delta > right):  # WINDOW-1
                         allowed[j] = False
                     if mask_b is not None and not mask_b[b, h, i, j]:  # MASK-1/2
                         allowed[j] = False
@@ -122,14 +132,14 @@ def attention(
                 rows = {}
                 if hooks.uses("value_term"):  # REL-3 (4): with the weights after dropout (DROP-4)
                     rows = {j: hooks.call("literal_value_row", p, h, int(qpos[b, i]), int(kpos[b, j])) for j in keys}
-                for c in range(d):
+                for c in range(dv):
                     acc = []
                     for j in keys:
                         acc.append(w[j] * V[h][j][c])
                         if j in rows:
                             acc.append(w[j] * float(rows[j][c]))
-                    merged[i, h * d + c] = math.fsum(acc)  # HEAD-2
+                    merged[i, h * dv + c] = math.fsum(acc)  # HEAD-2
         for i in range(Lq):  # OUT-1
             for f in range(D):
-                out[b, i, f] = math.fsum(merged[i, e] * float(p["wo"][e, f]) for e in range(D)) + float(bo[f])
+                out[b, i, f] = math.fsum(merged[i, e] * float(p["wo"][e, f]) for e in range(H * dv)) + float(bo[f])
     return (out, weights) if return_weights else out

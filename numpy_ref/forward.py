@@ -1,7 +1,9 @@
 """The vectorised float64 forward pass: the spec's executable form.
 
+    k, v            = the key/value head of each query head     (HEAD-3)
     q, k            = qk_transform(q, k)                       (scheme hook 1)
-    logits[b,h,i,j] = s * q_i . k_j  +  s_rel * key_term(i, j)  +  scheme_bias(i, j)  +  bias[b,h,i,j]
+    score[b,h,i,j]  = s * q_i . k_j  +  s_rel * key_term(i, j)
+    logits[b,h,i,j] = cap(score)  +  scheme_bias(i, j)  +  bias[b,h,i,j]      (cap: SOFTCAP-1, or none)
     w               = softmax_j over allowed keys          (zero elsewhere)
     o_i             = sum_j w'_ij v_j  +  value_term(w')_i           w' = dropout(w)
     out             = merge(o) @ wo + bo
@@ -9,8 +11,8 @@
 The position scheme contributes only through its hooks (REL-3), found in
 ``numpy_ref.schemes`` by the scheme's name; this file never names a scheme.
 Axis legend (AXES-1): B batch, H heads, Lq / Lk query / key length, D model
-dim, d head dim. Implements PROJ-1, HEAD-1, HEAD-2, SCALE-1..SCALE-4, POS-1,
-POS-2, CAUSAL-1, MASK-1..MASK-7, BIAS-1, BIAS-2, SOFTMAX-1, SOFTMAX-2,
+dim, d head dim. Implements PROJ-1, HEAD-1..HEAD-4, SCALE-1..SCALE-4, POS-1,
+POS-2, CAUSAL-1, WINDOW-1, SOFTCAP-1, MASK-1..MASK-7, BIAS-1, BIAS-2, SOFTMAX-1, SOFTMAX-2,
 DROP-1..DROP-4, REL-1..REL-3, OUT-1, PREC-1.
 """
 
@@ -25,8 +27,8 @@ from spec import AttentionSpec
 
 from . import schemes
 from ._inputs import Call, prepare
-from .heads import merge_heads, split_heads
-from .masking import allowed_keys, dead_keys, masked_softmax, relative_distance
+from .heads import merge_heads, repeat_kv_heads, split_heads
+from .masking import allowed_keys, dead_keys, masked_softmax, relative_distance, softcap
 
 
 @dataclass
@@ -37,13 +39,14 @@ class Trace:
     hooks: schemes.Bound  # the scheme's hooks this call applied (REL-3)
     ctx: schemes.Context
     q: np.ndarray  # (B, H, Lq, d), after the q/k transform
-    k: np.ndarray  # (B, H, Lk, d), after the q/k transform
-    v: np.ndarray  # (B, H, Lk, d)
+    k: np.ndarray  # (B, H, Lk, d), each query head's key head (HEAD-3), after the q/k transform
+    v: np.ndarray  # (B, H, Lk, dv), each query head's value head (HEAD-3, HEAD-4)
+    capped: Optional[np.ndarray]  # (B, H, Lq, Lk) tanh(score / cap) under SOFTCAP-1, else None
     dead: Optional[np.ndarray]  # (B, Lk) keys zeroed before projection (MASK-7)
     allowed: np.ndarray  # (B, H, Lq, Lk) bool
     weights: np.ndarray  # (B, H, Lq, Lk), post-softmax, pre-dropout
     dropped: np.ndarray  # weights after dropout (DROP-1)
-    merged: np.ndarray  # (B, Lq, D)
+    merged: np.ndarray  # (B, Lq, H * dv)
     out: np.ndarray  # (B, Lq, D)
     saved: dict = field(default_factory=dict)  # hook kind -> what the hook saved for its VJP
 
@@ -73,7 +76,9 @@ def run(spec: AttentionSpec, call: Call) -> Trace:
     hooks = schemes.bind(spec.relative)
     delta = relative_distance(call.q_positions, call.k_positions)  # (1|B, Lq, Lk)
     ctx = context(spec, call, delta)
-    allowed = allowed_keys((B, H, Lq, Lk), delta, causal=spec.causal, mask=call.mask, bias=call.bias)
+    allowed = allowed_keys(
+        (B, H, Lq, Lk), delta, causal=spec.causal, mask=call.mask, bias=call.bias, window=spec.window
+    )
 
     key, value, dead = call.key, call.value, None
     if spec.mask_fill is None:  # MASK-7: dead keys' rows cannot reach the result
@@ -82,8 +87,9 @@ def run(spec: AttentionSpec, call: Call) -> Trace:
         value = np.where(dead[..., None], 0.0, value)
 
     q = split_heads(project(call.query, p["wq"], p.get("bq")), H)  # (B, H, Lq, d)
-    k = split_heads(project(key, p["wk"], p.get("bk")), H)  # (B, H, Lk, d)
-    v = split_heads(project(value, p["wv"], p.get("bv")), H)  # (B, H, Lk, d)
+    G = spec.group_size  # HEAD-3: Hkv key/value heads, each read by G query heads
+    k = repeat_kv_heads(split_heads(project(key, p["wk"], p.get("bk")), H // G), G)  # (B, H, Lk, d)
+    v = repeat_kv_heads(split_heads(project(value, p["wv"], p.get("bv")), H // G), G)  # (B, H, Lk, dv), HEAD-4
     saved: dict = {}
     if hooks.uses("qk_transform"):  # REL-3 (1): after the head split, before any logit
         q, k, saved["qk_transform"] = hooks.call("qk_transform", p, q, k, ctx)
@@ -92,6 +98,9 @@ def run(spec: AttentionSpec, call: Call) -> Trace:
     if hooks.uses("key_term"):  # REL-3 (2), REL-1
         term, saved["key_term"] = hooks.call("key_term", p, q, ctx)
         logits = logits + spec.relative_scale * term  # SCALE-3
+    capped = None
+    if spec.softcap is not None:  # SOFTCAP-1: the score, before every bias and mask
+        logits, capped = softcap(logits, spec.softcap)
     if hooks.uses("bias"):  # REL-3 (3): unscaled, like the bias input
         scheme_bias, saved["bias"] = hooks.call("bias", p, ctx)
         logits = logits + scheme_bias
@@ -103,13 +112,13 @@ def run(spec: AttentionSpec, call: Call) -> Trace:
     if call.dropout_keep is not None:  # DROP-1
         dropped = np.where(call.dropout_keep, weights / (1.0 - spec.dropout), 0.0)
 
-    o = dropped @ v  # (B, H, Lq, d)
+    o = dropped @ v  # (B, H, Lq, dv)
     if hooks.uses("value_term"):  # REL-3 (4), REL-1: from the weights after dropout (DROP-4)
         o_add, saved["value_term"] = hooks.call("value_term", p, dropped, ctx)
         o = o + o_add
-    merged = merge_heads(o)  # (B, Lq, D)
+    merged = merge_heads(o)  # (B, Lq, H * dv)
     out = project(merged, p["wo"], p.get("bo"))  # OUT-1
-    return Trace(call, hooks, ctx, q, k, v, dead, allowed, weights, dropped, merged, out, saved)
+    return Trace(call, hooks, ctx, q, k, v, capped, dead, allowed, weights, dropped, merged, out, saved)
 
 
 def attention(

@@ -1,6 +1,6 @@
 """Which keys a query may attend, and the softmax that honours it.
 
-Rules CAUSAL-1, MASK-2, MASK-4..MASK-7, BIAS-2, SOFTMAX-1.
+Rules CAUSAL-1, WINDOW-1, MASK-2, MASK-4..MASK-7, BIAS-2, SOFTMAX-1, SOFTCAP-1.
 """
 
 from __future__ import annotations
@@ -16,15 +16,27 @@ def relative_distance(q_positions: np.ndarray, k_positions: np.ndarray) -> np.nd
 
 
 def allowed_keys(
-    shape, delta: np.ndarray, *, causal: bool, mask: Optional[np.ndarray], bias: Optional[np.ndarray]
+    shape,
+    delta: np.ndarray,
+    *,
+    causal: bool,
+    mask: Optional[np.ndarray],
+    bias: Optional[np.ndarray],
+    window: Optional[tuple] = None,
 ) -> np.ndarray:
-    """MASK-4: allowed[b, h, i, j] = mask AND (delta <= 0 if causal) AND bias != -inf.
+    """MASK-4: allowed[b, h, i, j] = mask AND (delta <= 0 if causal) AND in the window AND bias != -inf.
 
     ``shape`` is (B, H, Lq, Lk); the result has exactly that shape.
     """
     allowed = np.ones(shape, dtype=bool)
     if causal:
         allowed &= (delta <= 0)[:, None]  # CAUSAL-1
+    if window is not None:  # WINDOW-1: -left <= delta <= right, a None side unbounded
+        left, right = window
+        if left is not None:
+            allowed &= (delta >= -left)[:, None]
+        if right is not None:
+            allowed &= (delta <= right)[:, None]
     if mask is not None:
         allowed &= mask  # MASK-2: combined by AND
     if bias is not None:
@@ -67,3 +79,14 @@ def masked_softmax_vjp(weights: np.ndarray, allowed: np.ndarray, grad_weights: n
     """
     dz = weights * (grad_weights - (weights * grad_weights).sum(axis=-1, keepdims=True))
     return np.where(allowed, dz, 0.0)
+
+
+def softcap(score: np.ndarray, cap: float):
+    """SOFTCAP-1: (cap * tanh(score / cap), tanh(score / cap)); the second is what the VJP needs."""
+    t = np.tanh(score / cap)
+    return cap * t, t
+
+
+def softcap_vjp(t: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """d/dscore of cap * tanh(score / cap) is 1 - tanh^2 (SOFTCAP-1, GRAD-1)."""
+    return g * (1.0 - t * t)

@@ -43,8 +43,7 @@ def identity_params(spec: AttentionSpec) -> dict[str, np.ndarray]:
     With these the layer is plain attention on the raw inputs, which makes the
     worked examples of the spec checkable on paper; replace entries as needed.
     """
-    D = spec.model_dim
     params = {}
-    for name, shape in spec.param_shapes().items():
-        params[name] = np.eye(D) if name.startswith("w") else np.zeros(shape)
+    for name, shape in spec.param_shapes().items():  # rectangular weights (HEAD-3, HEAD-4): the leading identity
+        params[name] = np.eye(*shape) if name.startswith("w") else np.zeros(shape)
     return params

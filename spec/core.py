@@ -43,6 +43,14 @@ class AttentionSpec:
         mask_fill: None for exact zeros at disallowed keys [MASK-5]; a finite
             float replaces disallowed logits by that value [MASK-6].
         dropout: probability p in [0, 1) of dropping an attention weight [DROP-1].
+        num_kv_heads: Hkv key/value heads, H % Hkv == 0; None means H. Query
+            head h uses key/value head h // (H / Hkv) [HEAD-3].
+        value_head_dim: dv, the value heads' size; None means d. The scale
+            stays 1 / sqrt(d) [HEAD-4].
+        softcap: None, or c > 0: the score becomes c * tanh(score / c) before
+            biases and masks [SOFTCAP-1].
+        window: None, or (left, right), each an int >= 0 or None (unbounded):
+            key j is allowed for query i iff -left <= k_pos[j] - q_pos[i] <= right [WINDOW-1].
     """
 
     num_heads: int
@@ -54,6 +62,10 @@ class AttentionSpec:
     causal: bool = False
     mask_fill: Optional[float] = None
     dropout: float = 0.0
+    num_kv_heads: Optional[int] = None
+    value_head_dim: Optional[int] = None
+    softcap: Optional[float] = None
+    window: Optional[tuple] = None
 
     def __post_init__(self):
         S = "AttentionSpec"
@@ -86,11 +98,43 @@ class AttentionSpec:
         if not (0.0 <= p < 1.0):
             raise ValueError(f"{S}.dropout: expected a probability in [0, 1), got {p!r}")
         object.__setattr__(self, "dropout", p)
+        if self.num_kv_heads is not None:
+            kv = _require_int(S, "num_kv_heads", self.num_kv_heads, 1)
+            if self.num_heads % kv:
+                raise ValueError(
+                    f"{S}.num_kv_heads: expected None or a divisor of num_heads = {self.num_heads} "
+                    f"(each key/value head serves num_heads / num_kv_heads query heads), got {kv}"
+                )
+            object.__setattr__(self, "num_kv_heads", kv)
+        if self.value_head_dim is not None:
+            object.__setattr__(self, "value_head_dim", _require_int(S, "value_head_dim", self.value_head_dim, 1))
+        if self.softcap is not None:
+            cap = _require_real(S, "softcap", self.softcap)
+            if not (math.isfinite(cap) and cap > 0):
+                raise ValueError(f"{S}.softcap: expected a finite number > 0 or None, got {cap!r}")
+            object.__setattr__(self, "softcap", cap)
+        if self.window is not None:
+            object.__setattr__(self, "window", _require_window(S, self.window))
 
     @property
     def model_dim(self) -> int:
         """D = H * d [HEAD-1]."""
         return self.num_heads * self.head_dim
+
+    @property
+    def kv_heads(self) -> int:
+        """Hkv: ``num_kv_heads``, or H when it is None [HEAD-3]."""
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+    @property
+    def group_size(self) -> int:
+        """G = H / Hkv, the query heads that share one key/value head [HEAD-3]."""
+        return self.num_heads // self.kv_heads
+
+    @property
+    def v_head_dim(self) -> int:
+        """dv: ``value_head_dim``, or d when it is None [HEAD-4]."""
+        return self.head_dim if self.value_head_dim is None else self.value_head_dim
 
     @property
     def effective_scale(self) -> float:
@@ -103,16 +147,33 @@ class AttentionSpec:
         return self.effective_scale if self.scale_relative else 1.0
 
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
-        """The canonical parameter names and shapes [PARAM-1], in canonical order."""
+        """The canonical parameter names and shapes [PARAM-1, HEAD-3, HEAD-4], in canonical order."""
         D, H, d = self.model_dim, self.num_heads, self.head_dim
+        K, V, O = self.kv_heads * d, self.kv_heads * self.v_head_dim, H * self.v_head_dim
         shapes: dict[str, tuple[int, ...]] = {
             "wq": (D, D),
-            "wk": (D, D),
-            "wv": (D, D),
-            "wo": (D, D),
+            "wk": (D, K),
+            "wv": (D, V),
+            "wo": (O, D),
         }
         if self.bias:
-            shapes.update({"bq": (D,), "bk": (D,), "bv": (D,), "bo": (D,)})
+            shapes.update({"bq": (D,), "bk": (K,), "bv": (V,), "bo": (D,)})
         if self.relative is not None:
-            shapes.update(self.relative.param_shapes(H, d))  # PARAM-1, REL-3
+            shapes.update(self.relative.param_shapes(H, d, self.v_head_dim))  # PARAM-1, REL-3
         return shapes
+
+
+def _require_window(owner: str, window) -> tuple:
+    """WINDOW-1: a pair (left, right), each an int >= 0 or None, not both None."""
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(
+            f"{owner}.window: expected None or a pair (left, right) of ints >= 0 or None, "
+            f"got {window!r} of type {_type_name(window)}"
+        )
+    sides = tuple(None if w is None else _require_int(owner, f"window[{n}]", w, 0) for n, w in enumerate(window))
+    if sides == (None, None):
+        raise ValueError(
+            f"{owner}.window: expected at least one bound (window=(None, None) allows every key; use window=None), "
+            f"got {window!r}"
+        )
+    return sides

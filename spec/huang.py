@@ -33,7 +33,7 @@ class Huang(Scheme):
         """R = 2M - 1, the number of table rows (distances -(M-1) .. M-1)."""
         return 2 * self.max_len - 1
 
-    def param_shapes(self, num_heads: int, head_dim: int) -> dict[str, tuple[int, ...]]:
+    def param_shapes(self, num_heads: int, head_dim: int, value_head_dim: int) -> dict[str, tuple[int, ...]]:
         """HUANG-1: ``rel_k``, ``(R, d)`` or ``(H, R, d)`` (REL-2)."""
         return {"rel_k": (num_heads, self.num_rows, head_dim) if self.per_head else (self.num_rows, head_dim)}
 

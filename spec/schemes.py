@@ -40,8 +40,13 @@ class Scheme:
     name: ClassVar[str] = ""
     rule_prefix: ClassVar[str] = ""
 
-    def param_shapes(self, num_heads: int, head_dim: int) -> dict[str, tuple[int, ...]]:
-        """The canonical tables this scheme adds (PARAM-1), name -> shape, in canonical order."""
+    def param_shapes(self, num_heads: int, head_dim: int, value_head_dim: int) -> dict[str, tuple[int, ...]]:
+        """The canonical tables this scheme adds (PARAM-1), name -> shape, in canonical order.
+
+        H query heads, d the query/key head size, dv the value head size
+        (HEAD-4): a table read with the queries has ``d`` columns, a value-side
+        table ``dv``.
+        """
         raise NotImplementedError
 
     @property

@@ -43,10 +43,14 @@ class Shaw(Scheme):
         """R = 2k + 1, the number of table rows (one per clipped distance)."""
         return 2 * self.max_distance + 1
 
-    def param_shapes(self, num_heads: int, head_dim: int) -> dict[str, tuple[int, ...]]:
-        """SHAW-1: ``rel_k`` (keys) and ``rel_v`` (values), ``(R, d)`` or ``(H, R, d)`` (REL-2)."""
-        table = (num_heads, self.num_rows, head_dim) if self.per_head else (self.num_rows, head_dim)
-        return {**({"rel_k": table} if self.keys else {}), **({"rel_v": table} if self.values else {})}
+    def param_shapes(self, num_heads: int, head_dim: int, value_head_dim: int) -> dict[str, tuple[int, ...]]:
+        """SHAW-1: ``rel_k`` (keys) ``(R, d)`` or ``(H, R, d)``, and ``rel_v`` (values) ``(R, dv)`` or
+        ``(H, R, dv)`` (REL-2, HEAD-4)."""
+        lead = (num_heads,) if self.per_head else ()
+        return {
+            **({"rel_k": (*lead, self.num_rows, head_dim)} if self.keys else {}),
+            **({"rel_v": (*lead, self.num_rows, value_head_dim)} if self.values else {}),
+        }
 
     @property
     def hooks(self) -> frozenset:

@@ -232,9 +232,11 @@ def check_arguments(
 
 
 def require_plain_attention(spec: AttentionSpec, target: str) -> None:
-    """For conversions to a framework's own layer: no relative scheme, default scale, no mask_fill."""
+    """For conversions to a framework's own layer: no relative scheme, default scale, no mask_fill,
+    none of the peer options (HEAD-3, HEAD-4, SOFTCAP-1, WINDOW-1)."""
     if not isinstance(spec, AttentionSpec):
         raise TypeError(f"spec: expected an AttentionSpec, got {type(spec).__name__}")
-    for field, value in (("relative", spec.relative), ("scale", spec.scale), ("mask_fill", spec.mask_fill)):
+    fields = ("relative", "scale", "mask_fill", "num_kv_heads", "value_head_dim", "softcap", "window")
+    for field, value in ((f, getattr(spec, f)) for f in fields):
         if value is not None:
             raise fail_value(f"spec.{field}", f"None ({target} cannot express it)", repr(value))

@@ -381,7 +381,7 @@ class DoubleQueryMinusDistance(Scheme):  # registered by the `registered` fixtur
     name = "jax-test-double-q-minus-distance"
     rule_prefix = "REL"
 
-    def param_shapes(self, num_heads, head_dim):
+    def param_shapes(self, num_heads, head_dim, value_head_dim):
         return {}
 
     @property

@@ -39,7 +39,7 @@ class ToyBiasRotate(Scheme):  # registered by the `registered` fixture below
 
     theta: float = 0.5
 
-    def param_shapes(self, num_heads, head_dim):
+    def param_shapes(self, num_heads, head_dim, value_head_dim):
         return {"rel_slope": (num_heads,)}
 
     @property
@@ -60,7 +60,7 @@ class Unbound(Scheme):
 
     uses: tuple = ()
 
-    def param_shapes(self, num_heads, head_dim):
+    def param_shapes(self, num_heads, head_dim, value_head_dim):
         return {}
 
     @property

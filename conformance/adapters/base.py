@@ -24,6 +24,10 @@ and inputs use; see ``conformance.cases.Case.features``):
     huang                Huang relative keys
     per-head-tables      per_head=True tables (REL-2)
     unscaled-relative    scale_relative=False (SCALE-3)
+    grouped-kv-heads     AttentionSpec.num_kv_heads < num_heads (HEAD-3)
+    value-head-dim       AttentionSpec.value_head_dim != head_dim (HEAD-4)
+    softcap              AttentionSpec.softcap (SOFTCAP-1)
+    window               AttentionSpec.window (WINDOW-1)
     validates-input      rejects bad arguments per INPUT-1 (error cases)
     rejects-bad-bias-values, validates-vjp-input
                          the reference's own checks (REFERENCE_FEATURES, not in the default set)
@@ -54,6 +58,10 @@ FEATURES = frozenset(
         "huang",
         "per-head-tables",
         "unscaled-relative",
+        "grouped-kv-heads",
+        "value-head-dim",
+        "softcap",
+        "window",
         "validates-input",
     }
 )
