@@ -564,6 +564,111 @@ def _cases() -> list[Case]:
         )
     )
 
+    # ------------------------------------------------ peer options (HEAD-3, HEAD-4, SOFTCAP-1, WINDOW-1)
+    G = AttentionSpec(num_heads=4, head_dim=2, num_kv_heads=2)
+    add(Case("peer/gqa/self/h4-kv2", CORE + ("HEAD-3", "PARAM-3"), G, D6, self_attention=True))
+    add(
+        Case(
+            "peer/mqa/cross/shaw-per-head-masked",
+            REL + SHAW + ("HEAD-3", "MASK-1", "MASK-7"),
+            replace(G, num_kv_heads=1, relative=Shaw(2, per_head=True)),
+            CROSS,
+            # key 5 of batch element 0 is masked for all four query heads (dead, MASK-7); key 2 of batch
+            # element 1 for query heads 0 and 1 only, the group of the one key/value head in half
+            recipes=(Mask("BHQK", dead_cells=((0, 0, 5), (0, 1, 5), (0, 2, 5), (0, 3, 5), (1, 0, 2), (1, 1, 2))),),
+        )
+    )
+    add(Case("peer/value-head-dim/cross/dv6", CORE + ("HEAD-4", "PARAM-3"), replace(V, value_head_dim=6), CROSS))
+    add(
+        Case(
+            "peer/value-head-dim/self/gqa-shaw-values-causal",
+            REL + SHAW + ("HEAD-3", "HEAD-4", "CAUSAL-1"),
+            replace(G, value_head_dim=3, relative=Shaw(2), causal=True),
+            D6,
+            self_attention=True,
+        )
+    )
+    # a cap of 1 bends every logit; -inf bias entries must stay disallowed (the cap comes before the bias)
+    add(
+        Case(
+            "peer/softcap/cross/cap1-bias-minus-inf",
+            ("SOFTCAP-1", "BIAS-1", "BIAS-2", "MASK-4", "GRAD-1", "GRAD-2"),
+            replace(V, softcap=1.0),
+            CROSS,
+            recipes=(Bias("B1QK", neg_inf=0.25),),
+        )
+    )
+    # scale 2 pushes the scores into the cap's saturation; the Huang key term is capped with them;
+    # one key/value head for both query heads (multi-query), each query head with its own Huang table
+    add(
+        Case(
+            "peer/softcap/self/huang-causal-scale2",
+            REL + HUANG + ("SOFTCAP-1", "SCALE-1", "SCALE-3", "CAUSAL-1", "HEAD-3"),
+            replace(H8, softcap=3.0, scale=2.0, causal=True, num_kv_heads=1),
+            D6,
+            self_attention=True,
+        )
+    )
+    add(
+        Case(
+            "peer/window/self/sliding-causal",
+            CORE + ("WINDOW-1", "MASK-2", "MASK-4", "CAUSAL-1"),
+            replace(V, causal=True, window=(2, None)),
+            Dims(2, 9, 9),
+            self_attention=True,
+            twins=(Twin("as-explicit-mask", ("WINDOW-1", "MASK-2"), replace(V, causal=True), "window-as-mask"),),
+        )
+    )
+    # decoding 3 new tokens against 8 cached keys with a sliding window of 4 (Mistral's layer: GQA too)
+    add(
+        Case(
+            "peer/window/cross/sliding-decoding-gqa",
+            ("WINDOW-1", "POS-3", "CAUSAL-1", "HEAD-3"),
+            replace(G, causal=True, window=(3, None)),
+            Dims(2, 3, 8),
+            recipes=(Positions("bottom-right"),),
+        )
+    )
+    add(
+        Case(
+            "peer/window/cross/two-sided-decoding-shaw",
+            REL + SHAW + ("WINDOW-1", "POS-3"),
+            replace(S2, window=(1, 2)),
+            CROSS,
+            recipes=(Positions("bottom-right"),),
+        )
+    )
+    # window (0, 0): a query attends only a key at its own position; the gap leaves rows empty (MASK-5)
+    add(
+        Case(
+            "peer/window/cross/own-position-empty-rows",
+            REL + HUANG + ("WINDOW-1", "MASK-5", "MASK-7", "GRAD-2", "HEAD-4"),
+            replace(H8, window=(0, 0), value_head_dim=5),
+            Dims(2, 6, 7),
+            recipes=(Positions("gapped-queries"),),
+        )
+    )
+    # every option at once, with dropout and a mask: the rules compose
+    add(
+        Case(
+            "peer/all/cross/gqa-dv-softcap-window-shaw-dropout",
+            REL + SHAW + ("HEAD-3", "HEAD-4", "SOFTCAP-1", "WINDOW-1", "DROP-1", "DROP-4", "MASK-2"),
+            AttentionSpec(
+                num_heads=4,
+                head_dim=2,
+                num_kv_heads=2,
+                value_head_dim=3,
+                softcap=2.0,
+                window=(3, 1),
+                relative=Shaw(2, per_head=True),
+                dropout=0.25,
+            ),
+            CROSS,
+            # (B, L) positions: the window follows each batch element's own distances
+            recipes=(Mask("B1QK"), Keep(), Positions("random-per-batch")),
+        )
+    )
+
     # ------------------------------------------------------------ profiles
     add(
         Case(
@@ -655,6 +760,7 @@ def _cases() -> list[Case]:
         ("keep-broadcast", "ValueError", ("DROP-1",), P),
         ("params-extra", "ValueError", ("PARAM-2",), S2),
         ("params-misshaped", "ValueError", ("PARAM-2",), V),
+        ("params-kv-heads-square", "ValueError", ("PARAM-2", "HEAD-3"), AttentionSpec(4, 2, num_kv_heads=2)),
         ("positions-wrong-length", "ValueError", ("POS-1",), S2),
     ):
         add(

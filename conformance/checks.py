@@ -95,6 +95,12 @@ def twin_inputs(kind: str, case: Case, inputs: dict) -> dict:
         tril = np.tril(np.ones((Lq, Lk), dtype=bool))
         out["mask"] = tril if "mask" not in inputs else np.logical_and(inputs["mask"], tril)
         return out
+    if kind == "window-as-mask":  # WINDOW-1 with default positions: -left <= j - i <= right
+        left, right = case.spec.window
+        d = np.arange(Lk)[None, :] - np.arange(Lq)[:, None]
+        band = (d >= -(Lq + Lk if left is None else left)) & (d <= (Lq + Lk if right is None else right))
+        out["mask"] = band if "mask" not in inputs else np.logical_and(inputs["mask"], band)
+        return out
     if kind == "mask-full-rank":  # MASK-1
         out["mask"] = np.broadcast_to(inputs["mask"], (B, H, Lq, Lk)).copy()
         return out
@@ -103,7 +109,8 @@ def twin_inputs(kind: str, case: Case, inputs: dict) -> dict:
         out["bias"] = np.where(out.pop("mask"), 0.0, -np.inf).astype(dtype)
         return out
     raise ValueError(
-        f"twin inputs: expected same, shift-positions, causal-as-mask, mask-full-rank or mask-as-bias, got {kind!r}"
+        "twin inputs: expected same, shift-positions, causal-as-mask, window-as-mask, mask-full-rank or "
+        f"mask-as-bias, got {kind!r}"
     )
 
 
@@ -113,7 +120,7 @@ def twin_case(case: Case, twin) -> Case:
     extra = set(case.extra_features)
     if twin.inputs == "shift-positions":
         recipes += (Positions("shifted"),)
-    elif twin.inputs == "causal-as-mask":
+    elif twin.inputs in ("causal-as-mask", "window-as-mask"):
         recipes += (Mask("QK"),)
     elif twin.inputs == "mask-as-bias":
         recipes = tuple(r for r in recipes if not isinstance(r, Mask))
@@ -133,6 +140,7 @@ ERROR_INPUTS = {
     "params-missing": ("params", "a parameter dict without rel_v (PARAM-2)"),
     "params-extra": ("params", "a parameter dict with an extra entry (PARAM-2)"),
     "params-misshaped": ("params", "bq of shape (D + 1,) (PARAM-2)"),
+    "params-kv-heads-square": ("params", "wk of shape (D, D) under num_kv_heads < num_heads (PARAM-2, HEAD-3)"),
     "float-positions": ("q_positions", "float q_positions (POS-1)"),
     "positions-wrong-length": ("k_positions", "k_positions of length Lk + 1 (POS-1)"),
     "bias-nan": ("bias", "one NaN among finite bias entries (BIAS-2, the reference)"),
@@ -167,6 +175,8 @@ def bad_call(kind: str, case: Case, params: dict, inputs: dict, grad_out: np.nda
         params["rel_q"] = params["wq"].copy()
     elif kind == "params-misshaped":
         params["bq"] = np.zeros(params["bq"].shape[0] + 1, dtype=params["bq"].dtype)
+    elif kind == "params-kv-heads-square":
+        params["wk"] = np.zeros((params["wq"].shape[0],) * 2, dtype=params["wk"].dtype)
     elif kind == "float-positions":
         inputs["q_positions"] = np.arange(Lq, dtype=np.float64)
     elif kind == "positions-wrong-length":

@@ -237,6 +237,40 @@ DIMENSIONS = (
         True,
         REL_ONLY,
     ),
+    # peer options (HEAD-3, HEAD-4, SOFTCAP-1, WINDOW-1)
+    Dimension("peer options", "grouped key/value heads (HEAD-3)", _numeric(lambda c, v: c.spec.group_size > 1), True),
+    Dimension("peer options", "one key/value head (multi-query)", _numeric(lambda c, v: c.spec.kv_heads == 1 < v.H)),
+    Dimension(
+        "peer options",
+        "a value head size of its own (HEAD-4)",
+        _numeric(lambda c, v: c.spec.v_head_dim != c.spec.head_dim),
+        True,
+    ),
+    Dimension(
+        "peer options", "soft-capped scores (SOFTCAP-1)", _numeric(lambda c, v: c.spec.softcap is not None), True
+    ),
+    Dimension(
+        "peer options",
+        "soft cap with -inf bias entries",
+        _numeric(
+            lambda c, v: c.spec.softcap is not None and v.bias() is not None and bool(np.isneginf(v.bias()).any())
+        ),
+    ),
+    Dimension("peer options", "sliding window (WINDOW-1)", _numeric(lambda c, v: c.spec.window is not None), True),
+    Dimension(
+        "peer options", "window and causal together", _numeric(lambda c, v: c.spec.window is not None and c.spec.causal)
+    ),
+    Dimension(
+        "peer options",
+        "window with explicit positions",
+        _numeric(lambda c, v: c.spec.window is not None and "positions" in c.features()),
+        True,
+    ),
+    Dimension(
+        "peer options",
+        "rows left empty by the window",
+        _numeric(lambda c, v: c.spec.window is not None and v.rows() is not None and bool(v.rows().any())),
+    ),
     # extreme values and paths
     Dimension(
         "values",

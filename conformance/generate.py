@@ -51,6 +51,8 @@ def spec_to_json(spec: AttentionSpec) -> dict:
     """The manifest form of a spec; the scheme writes its own (REL-3: ``{"scheme": name, ...}``)."""
     d = asdict(spec)
     d["relative"] = None if spec.relative is None else spec.relative.to_json()
+    if spec.window is not None:  # WINDOW-1: the pair as JSON stores it, so that stored and fresh compare equal
+        d["window"] = list(spec.window)
     return d
 
 

@@ -18,7 +18,7 @@ from numpy_ref import schemes
 from numpy_ref._inputs import Call, prepare
 from numpy_ref.forward import context, project
 from numpy_ref.heads import merge_heads, split_heads
-from numpy_ref.masking import allowed_keys, dead_keys, masked_softmax, relative_distance
+from numpy_ref.masking import allowed_keys, dead_keys, masked_softmax, relative_distance, softcap
 from numpy_ref.relative import as_4d, gather_logits
 from spec import Shaw
 
@@ -173,14 +173,15 @@ class HeadSplitInterleaved(Mutant):
     description = "feature f goes to head f % H instead of f // d"
 
     def mutate_params(self, spec, params):
-        H, d = spec.num_heads, spec.head_dim
-        perm = np.arange(H * d).reshape(d, H).T.reshape(-1)  # contiguous slot -> interleaved feature
-        for n in ("wq", "wk", "wv"):
-            params[n] = params[n][:, perm]
-        for n in ("bq", "bk", "bv"):
-            if n in params:
-                params[n] = params[n][perm]
-        params["wo"] = params["wo"][perm, :]
+        def perm(heads, size):  # contiguous slot -> interleaved feature
+            return np.arange(heads * size).reshape(size, heads).T.reshape(-1)
+
+        H, Hkv, d, dv = spec.num_heads, spec.kv_heads, spec.head_dim, spec.v_head_dim
+        for n, order in (("q", perm(H, d)), ("k", perm(Hkv, d)), ("v", perm(Hkv, dv))):
+            params["w" + n] = params["w" + n][:, order]
+            if "b" + n in params:
+                params["b" + n] = params["b" + n][order]
+        params["wo"] = params["wo"][perm(H, dv), :]
         return params
 
 
@@ -308,29 +309,38 @@ class _Logits:
     content: np.ndarray  # s * q @ k.T
     term: object  # s_rel * the scheme's key term, or 0.0
     bias: object  # the scheme's bias plus the bias input, or 0.0
+    cap: object  # spec.softcap (SOFTCAP-1), or None
+
+    def capped(self, score):
+        """SOFTCAP-1 on a score (content plus key term); the identity without a cap."""
+        return score if self.cap is None else softcap(score, self.cap)[0]
 
     @property
     def logits(self):
-        return self.content + self.term + self.bias
+        return self.capped(self.content + self.term) + self.bias
 
 
-def _logits(spec, params, inputs, dead=None) -> _Logits:
-    """The reference's steps up to the logits; ``dead(spec, call, delta, allowed) -> (B, Lk)`` picks the zeroed keys."""
+def _logits(spec, params, inputs, dead=None, kv_head=None) -> _Logits:
+    """The reference's steps up to the logits; ``dead(spec, call, delta, allowed) -> (B, Lk)`` picks the zeroed
+    keys, ``kv_head`` (H,) the key/value head each query head reads (HEAD-3: h // G)."""
     kw = {n: inputs.get(n) for n in KWARGS}
     call = prepare(spec, params, inputs["query"], inputs.get("key"), inputs.get("value"), **kw)
     p, (B, Lq, Lk), H = call.params, call.dims, spec.num_heads
     hooks = schemes.bind(spec.relative)
     delta = relative_distance(call.q_positions, call.k_positions)
     ctx = context(spec, call, delta)
-    allowed = allowed_keys((B, H, Lq, Lk), delta, causal=spec.causal, mask=call.mask, bias=call.bias)
+    allowed = allowed_keys(
+        (B, H, Lq, Lk), delta, causal=spec.causal, mask=call.mask, bias=call.bias, window=spec.window
+    )
     key, value = call.key, call.value
     if spec.mask_fill is None:
         gone = dead_keys(allowed) if dead is None else dead(spec, call, delta, allowed)
         key = np.where(gone[..., None], 0.0, key)
         value = np.where(gone[..., None], 0.0, value)
+    kv_head = np.arange(H) // spec.group_size if kv_head is None else kv_head
     q = split_heads(project(call.query, p["wq"], p.get("bq")), H)
-    k = split_heads(project(key, p["wk"], p.get("bk")), H)
-    v = split_heads(project(value, p["wv"], p.get("bv")), H)
+    k = split_heads(project(key, p["wk"], p.get("bk")), spec.kv_heads)[:, kv_head]
+    v = split_heads(project(value, p["wv"], p.get("bv")), spec.kv_heads)[:, kv_head]
     if hooks.uses("qk_transform"):
         q, k, _ = hooks.call("qk_transform", p, q, k, ctx)
     content = spec.effective_scale * (q @ k.swapaxes(-1, -2))
@@ -342,7 +352,7 @@ def _logits(spec, params, inputs, dead=None) -> _Logits:
         bias = hooks.call("bias", p, ctx)[0]
     if call.bias is not None:
         bias = bias + call.bias
-    return _Logits(call, hooks, ctx, delta, allowed, q, v, content, term, bias)
+    return _Logits(call, hooks, ctx, delta, allowed, q, v, content, term, bias, spec.softcap)
 
 
 def _softmax(z):
@@ -377,10 +387,13 @@ class _RecombinedMutant(Mutant):
     def value_term_mask(self, spec, lg: _Logits):
         return None
 
+    def kv_head(self, spec):
+        return None
+
     def forward(self, spec, params, inputs, *, device, need_weights):
         if not self.applies(spec, inputs):
             return super().forward(spec, params, inputs, device=device, need_weights=need_weights)
-        lg = _logits(spec, params, inputs, self.dead)
+        lg = _logits(spec, params, inputs, self.dead, self.kv_head(spec))
         with np.errstate(invalid="ignore", divide="ignore"):
             result = _finish(spec, lg, self.weights(spec, lg), self.value_term_mask(spec, lg))
         return result if need_weights else {"out": result["out"]}
@@ -468,7 +481,7 @@ class HuangSkewAssumesConsecutiveQueries(_RecombinedMutant):
         delta = relative_distance(qp, c.k_positions)
         skewed = schemes.Context(qp, c.k_positions, delta, c.batch, c.num_heads, c.head_dim, c.Lq, c.Lk)
         term = spec.relative_scale * lg.hooks.call("key_term", lg.call.params, lg.q, skewed)[0]
-        return masked_softmax(lg.content + term + lg.bias, lg.allowed, spec.mask_fill)
+        return masked_softmax(lg.capped(lg.content + term) + lg.bias, lg.allowed, spec.mask_fill)
 
 
 class HuangWrapsBeyondTable(_RecombinedMutant):
@@ -483,7 +496,7 @@ class HuangWrapsBeyondTable(_RecombinedMutant):
         table4 = as_4d(lg.call.params["rel_k"])
         row = (lg.delta + spec.relative.max_len - 1) % spec.relative.num_rows
         term = spec.relative_scale * gather_logits(lg.q, table4, row)
-        return masked_softmax(lg.content + term + lg.bias, lg.allowed, spec.mask_fill)
+        return masked_softmax(lg.capped(lg.content + term) + lg.bias, lg.allowed, spec.mask_fill)
 
 
 # ------------------------------------------------------------------- options in combination
@@ -533,7 +546,9 @@ class DeadKeysFromMaskOnly(_RecombinedMutant):
     description = "dead keys found from the mask and the causal rule only, not from -inf bias entries"
 
     def dead(self, spec, call, delta, allowed):
-        return dead_keys(allowed_keys(allowed.shape, delta, causal=spec.causal, mask=call.mask, bias=None))
+        return dead_keys(
+            allowed_keys(allowed.shape, delta, causal=spec.causal, mask=call.mask, bias=None, window=spec.window)
+        )
 
 
 # ---------------------------------------------------------------------- mask_fill moderate
@@ -553,8 +568,10 @@ class MaskFillBeforeBias(_RecombinedMutant):
         return spec.mask_fill is not None and inputs.get("bias") is not None
 
     def weights(self, spec, lg):
-        unbiased = allowed_keys(lg.allowed.shape, lg.delta, causal=spec.causal, mask=lg.call.mask, bias=None)
-        return _softmax(np.where(unbiased, lg.content + lg.term, spec.mask_fill) + lg.bias)
+        unbiased = allowed_keys(
+            lg.allowed.shape, lg.delta, causal=spec.causal, mask=lg.call.mask, bias=None, window=spec.window
+        )
+        return _softmax(np.where(unbiased, lg.capped(lg.content + lg.term), spec.mask_fill) + lg.bias)
 
 
 class MaskFillBeforeRelativeTerm(_RecombinedMutant):
@@ -565,7 +582,7 @@ class MaskFillBeforeRelativeTerm(_RecombinedMutant):
         return spec.mask_fill is not None and spec.relative is not None and "key_term" in spec.relative.hooks
 
     def weights(self, spec, lg):
-        return _softmax(np.where(lg.allowed, lg.content + lg.bias, spec.mask_fill) + lg.term)
+        return _softmax(np.where(lg.allowed, lg.capped(lg.content) + lg.bias, spec.mask_fill) + lg.term)
 
 
 class CausalFillMinusInf(_RecombinedMutant):
@@ -777,6 +794,103 @@ class FastPathMaskInverted(_FastPathMutant):
         return inputs
 
 
+# ------------------------------------------------- peer options (HEAD-3, HEAD-4, SOFTCAP-1, WINDOW-1)
+class KvHeadsTiled(_RecombinedMutant):
+    rule = "HEAD-3"
+    description = "query head h reads key/value head h % Hkv (tiling) instead of h // G (contiguous groups)"
+
+    def applies(self, spec, inputs):
+        return spec.kv_heads not in (1, spec.num_heads)
+
+    def kv_head(self, spec):
+        return np.arange(spec.num_heads) % spec.kv_heads
+
+
+class KvGradientsAveraged(_GradientMutant):
+    rule = "GRAD-1"  # HEAD-3's last sentence; the gradient checks claim GRAD-1
+    description = "a key/value head's gradient averaged over the query heads of its group instead of summed"
+
+    def vjp(self, spec, params, inputs, grad_out, *, device):
+        grads = super().vjp(spec, params, inputs, grad_out, device=device)
+        if spec.group_size > 1:
+            for name in ("key", "value", "wk", "wv", "bk", "bv"):
+                if name in grads:
+                    grads[name] = grads[name] / spec.group_size
+        return grads
+
+
+class ScaleFromValueHeadDim(Mutant):
+    rule = "HEAD-4"
+    description = "scale 1/sqrt(dv) from the value head size instead of 1/sqrt(d)"
+
+    def mutate_spec(self, spec):
+        dv = spec.v_head_dim
+        return replace(spec, scale=1.0 / math.sqrt(dv)) if spec.scale is None and dv != spec.head_dim else spec
+
+
+class SoftcapIgnored(Mutant):
+    rule = "SOFTCAP-1"
+    description = "spec.softcap ignored: logits not capped"
+
+    def mutate_spec(self, spec):
+        return replace(spec, softcap=None)
+
+
+class SoftcapAfterBias(_RecombinedMutant):
+    rule = "SOFTCAP-1"
+    description = "the cap applied after the bias input and the scheme bias are added, not to the score alone"
+
+    def applies(self, spec, inputs):
+        return spec.softcap is not None
+
+    def weights(self, spec, lg):
+        with np.errstate(invalid="ignore"):
+            return masked_softmax(lg.capped(lg.content + lg.term + lg.bias), lg.allowed, spec.mask_fill)
+
+
+class SoftcapContentOnly(_RecombinedMutant):
+    rule = "SOFTCAP-1"
+    description = "the cap applied to the content logits only, the relative key term added after it"
+
+    def applies(self, spec, inputs):
+        return spec.softcap is not None and spec.relative is not None and "key_term" in spec.relative.hooks
+
+    def weights(self, spec, lg):
+        return masked_softmax(lg.capped(lg.content) + lg.term + lg.bias, lg.allowed, spec.mask_fill)
+
+
+class WindowSignFlipped(Mutant):
+    rule = "WINDOW-1"
+    description = "window bounds read on query minus key: (left, right) swapped"
+
+    def mutate_spec(self, spec):
+        return replace(spec, window=spec.window[::-1]) if spec.window is not None else spec
+
+
+class WindowBoundsExclusive(Mutant):
+    rule = "WINDOW-1"
+    description = "window bounds exclusive (-left < delta < right) for bounds >= 1"
+
+    def mutate_spec(self, spec):
+        if spec.window is None:
+            return spec
+        return replace(spec, window=tuple(b - 1 if b else b for b in spec.window))
+
+
+class WindowFromIndices(Mutant):
+    rule = "WINDOW-1"
+    description = "window applied to key index minus query index instead of the positions' distance"
+
+    def forward(self, spec, params, inputs, *, device, need_weights):
+        if spec.window is not None:
+            B, H, Lq, Lk = _defaults(spec, inputs)
+            left, right = spec.window
+            d = np.arange(Lk)[None, :] - np.arange(Lq)[:, None]
+            band = (d >= -(left if left is not None else Lq + Lk)) & (d <= (right if right is not None else Lq + Lk))
+            spec, inputs = replace(spec, window=None), _and_mask(inputs, band)
+        return super().forward(spec, params, inputs, device=device, need_weights=need_weights)
+
+
 def killed_by_rule(rule: str, results: list) -> list:
     """The (case, check) pairs that failed and claim ``rule``: what kills a mutant of that rule.
 
@@ -843,6 +957,15 @@ MUTANTS = {
         FastPathDropsShawValues,
         FastPathIgnoresBias,
         FastPathMaskInverted,
+        KvHeadsTiled,
+        KvGradientsAveraged,
+        ScaleFromValueHeadDim,
+        SoftcapIgnored,
+        SoftcapAfterBias,
+        SoftcapContentOnly,
+        WindowSignFlipped,
+        WindowBoundsExclusive,
+        WindowFromIndices,
     )
 }
 for _n, _c in MUTANTS.items():

@@ -79,7 +79,10 @@ def attention(
         Q = [[[proj(call.query[b], p["wq"], bq, i, h * d + c) for c in range(d)] for i in range(Lq)] for h in range(H)]
         # key/value head g = h * Hkv // H serves query head h (HEAD-3); value heads have dv channels (HEAD-4)
         K = [[[proj(call.key[b], p["wk"], bk, j, g * d + c) for c in range(d)] for j in range(Lk)] for g in range(Hkv)]
-        V = [[[proj(call.value[b], p["wv"], bv, j, g * dv + c) for c in range(dv)] for j in range(Lk)] for g in range(Hkv)]
+        V = [
+            [[proj(call.value[b], p["wv"], bv, j, g * dv + c) for c in range(dv)] for j in range(Lk)]
+            for g in range(Hkv)
+        ]
         K = [K[h * Hkv // H] for h in range(H)]
         V = [V[h * Hkv // H] for h in range(H)]
         if hooks.uses("qk_transform"):  # REL-3 (1): each q and k vector at its own position

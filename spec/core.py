@@ -149,12 +149,12 @@ class AttentionSpec:
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
         """The canonical parameter names and shapes [PARAM-1, HEAD-3, HEAD-4], in canonical order."""
         D, H, d = self.model_dim, self.num_heads, self.head_dim
-        K, V, O = self.kv_heads * d, self.kv_heads * self.v_head_dim, H * self.v_head_dim
+        K, V, M = self.kv_heads * d, self.kv_heads * self.v_head_dim, H * self.v_head_dim
         shapes: dict[str, tuple[int, ...]] = {
             "wq": (D, D),
             "wk": (D, K),
             "wv": (D, V),
-            "wo": (O, D),
+            "wo": (M, D),
         }
         if self.bias:
             shapes.update({"bq": (D,), "bk": (K,), "bv": (V,), "bo": (D,)})

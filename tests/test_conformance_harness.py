@@ -50,7 +50,7 @@ def test_manifest_is_canonical_and_matches_the_catalog():
 
 def test_goldens_are_small():
     total = sum(p.stat().st_size for p in store.GOLDEN_DIR.iterdir())
-    assert total < 8 * 2**20, f"goldens take {total / 2**20:.1f} MiB"
+    assert total < 10 * 2**20, f"goldens take {total / 2**20:.1f} MiB"
 
 
 def test_verify_finds_no_drift():
@@ -150,21 +150,25 @@ class ReorderedReference(NumpyRefAdapter):
     name = "reordered-reference"
 
     def forward(self, spec, params, inputs, *, device, need_weights):
-        H, d, D = spec.num_heads, spec.head_dim, spec.model_dim
+        H, Hkv, d, dv, D = spec.num_heads, spec.kv_heads, spec.head_dim, spec.v_head_dim, spec.model_dim
         rng = np.random.default_rng(7)
         features = rng.permutation(D)
-        within = rng.permutation(d)  # one channel order for every head and for the tables
-        channels = np.concatenate([h * d + within for h in range(H)])
+        within = rng.permutation(d)  # one channel order for every query/key head and for rel_k
+        within_v = rng.permutation(dv)  # and one for every value head and rel_v (HEAD-4)
+        channels = {
+            "q": np.concatenate([h * d + within for h in range(H)]),
+            "k": np.concatenate([h * d + within for h in range(Hkv)]),  # HEAD-3
+            "v": np.concatenate([h * dv + within_v for h in range(Hkv)]),
+        }
         p = dict(params)
-        for n in ("wq", "wk", "wv"):
-            p[n] = params[n][features][:, channels]
-        for n in ("bq", "bk", "bv"):
+        for n, order in channels.items():
+            p["w" + n] = params["w" + n][features][:, order]
+            if "b" + n in p:
+                p["b" + n] = params["b" + n][order]
+        p["wo"] = params["wo"][np.concatenate([h * dv + within_v for h in range(H)])]
+        for n, order in (("rel_k", within), ("rel_v", within_v)):
             if n in p:
-                p[n] = params[n][channels]
-        p["wo"] = params["wo"][channels]
-        for n in ("rel_k", "rel_v"):
-            if n in p:
-                p[n] = params[n][..., within]
+                p[n] = params[n][..., order]
         x = {n: (a[..., features] if n in ("query", "key", "value") else a) for n, a in inputs.items()}
         return super().forward(spec, p, x, device=device, need_weights=need_weights)
 

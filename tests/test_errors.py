@@ -253,6 +253,66 @@ def test_init_params_seed_must_be_an_int():
             ValueError,
             "AttentionSpec.dropout: expected a probability in [0, 1), got -0.1",
         ),
+        (
+            lambda: AttentionSpec(4, 2, num_kv_heads=3),
+            ValueError,
+            "AttentionSpec.num_kv_heads: expected None or a divisor of num_heads = 4 (each key/value head serves num_heads / num_kv_heads query heads), got 3",
+        ),
+        (
+            lambda: AttentionSpec(4, 2, num_kv_heads=0),
+            ValueError,
+            "AttentionSpec.num_kv_heads: expected an int >= 1, got 0",
+        ),
+        (
+            lambda: AttentionSpec(4, 2, num_kv_heads=2.0),
+            TypeError,
+            "AttentionSpec.num_kv_heads: expected an int >= 1, got 2.0 of type float",
+        ),
+        (
+            lambda: AttentionSpec(2, 2, value_head_dim=0),
+            ValueError,
+            "AttentionSpec.value_head_dim: expected an int >= 1, got 0",
+        ),
+        (
+            lambda: AttentionSpec(2, 2, softcap=0.0),
+            ValueError,
+            "AttentionSpec.softcap: expected a finite number > 0 or None, got 0.0",
+        ),
+        (
+            lambda: AttentionSpec(2, 2, softcap=float("inf")),
+            ValueError,
+            "AttentionSpec.softcap: expected a finite number > 0 or None, got inf",
+        ),
+        (
+            lambda: AttentionSpec(2, 2, softcap="50"),
+            TypeError,
+            "AttentionSpec.softcap: expected a real number, got '50' of type str",
+        ),
+        (
+            lambda: AttentionSpec(2, 2, window=4),
+            TypeError,
+            "AttentionSpec.window: expected None or a pair (left, right) of ints >= 0 or None, got 4 of type int",
+        ),
+        (
+            lambda: AttentionSpec(2, 2, window=(1, 2, 3)),
+            TypeError,
+            "AttentionSpec.window: expected None or a pair (left, right) of ints >= 0 or None, got (1, 2, 3) of type tuple",
+        ),
+        (
+            lambda: AttentionSpec(2, 2, window=(-1, 0)),
+            ValueError,
+            "AttentionSpec.window[0]: expected an int >= 0, got -1",
+        ),
+        (
+            lambda: AttentionSpec(2, 2, window=(1.5, 0)),
+            TypeError,
+            "AttentionSpec.window[0]: expected an int >= 0, got 1.5 of type float",
+        ),
+        (
+            lambda: AttentionSpec(2, 2, window=(None, None)),
+            ValueError,
+            "AttentionSpec.window: expected at least one bound (window=(None, None) allows every key; use window=None), got (None, None)",
+        ),
         (lambda: Shaw(-1), ValueError, "Shaw.max_distance: expected an int >= 0, got -1"),
         (lambda: Shaw(2, keys=False, values=False), ValueError, "Shaw: expected keys=True or values=True"),
         (lambda: Shaw(2, per_head="yes"), TypeError, "Shaw.per_head: expected a bool, got 'yes' of type str"),

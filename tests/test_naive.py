@@ -222,6 +222,7 @@ def _toy_call(seed=0):
 def _with_scheme(base, scheme):
     """A stand-in spec carrying a test-only scheme (AttentionSpec accepts registered schemes only)."""
     fields = ("num_heads", "head_dim", "bias", "causal", "mask_fill", "dropout", "effective_scale", "relative_scale")
+    fields += ("kv_heads", "group_size", "v_head_dim", "softcap", "window")
     return types.SimpleNamespace(**{f: getattr(base, f) for f in fields}, relative=scheme)
 
 

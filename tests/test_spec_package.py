@@ -128,3 +128,32 @@ def test_scheme_registry_errors_name_what_was_expected():
     with pytest.raises(ValueError, match=r"scheme: expected one of \['huang', 'shaw'\], got 'nope'"):
         spec.scheme_from_json({"scheme": "nope"})
     assert spec.scheme_from_json(spec.Shaw(3, per_head=True).to_json()) == spec.Shaw(3, per_head=True)
+
+
+def test_peer_options_shapes_and_properties():
+    """HEAD-3, HEAD-4: wk, wv, wo and rel_v follow Hkv and dv; the defaults keep every weight (D, D)."""
+    s = AttentionSpec(4, 3, num_kv_heads=2, value_head_dim=5, relative=Shaw(1, per_head=True))
+    assert (s.kv_heads, s.group_size, s.v_head_dim, s.model_dim) == (2, 2, 5, 12)
+    assert s.param_shapes() == {
+        "wq": (12, 12),
+        "wk": (12, 6),
+        "wv": (12, 10),
+        "wo": (20, 12),
+        "bq": (12,),
+        "bk": (6,),
+        "bv": (10,),
+        "bo": (12,),
+        "rel_k": (4, 3, 3),
+        "rel_v": (4, 3, 5),
+    }
+    assert s.effective_scale == 1 / 3**0.5  # SCALE-1: d, not dv
+    plain = AttentionSpec(4, 3)
+    assert (plain.kv_heads, plain.group_size, plain.v_head_dim) == (4, 1, 3)
+    assert set(plain.param_shapes().values()) == {(12, 12), (12,)}
+
+
+def test_window_is_stored_as_a_tuple_and_hashable():
+    """WINDOW-1: a list is accepted as the pair; the spec stays hashable (a jit static argument)."""
+    s = AttentionSpec(2, 2, window=[3, None], softcap=30)
+    assert s.window == (3, None) and s.softcap == 30.0 and isinstance(s.softcap, float)
+    assert hash(s) == hash(AttentionSpec(2, 2, window=(3, None), softcap=30.0))

@@ -33,6 +33,19 @@ def _merge(x):  # (B, H, L, d) -> (B, L, D)   HEAD-2
     return x.transpose(0, 2, 1, 3).reshape(B, L, H * d)
 
 
+def _kv_head(spec: AttentionSpec) -> np.ndarray:
+    """HEAD-3: the key/value head of each query head, (H,) = floor(h * Hkv / H)."""
+    return (np.arange(spec.num_heads) * spec.kv_heads) // spec.num_heads
+
+
+def _kv_head_sum(spec: AttentionSpec, P: Precision, g):
+    """The adjoint of reading key/value head ``_kv_head(h)``: (B, H, L, c) -> (B, Hkv, L, c), in order of h."""
+    out = np.zeros((g.shape[0], spec.kv_heads) + g.shape[2:], P.acc)
+    for h, kv in enumerate(_kv_head(spec)):  # a loop over heads, not positions
+        out[:, kv] = P.rnd(out[:, kv] + g[:, h])
+    return out
+
+
 def _softmax(P: Precision, logits, allowed, mask_fill):
     """SOFTMAX-1 over keys in acc, with MASK-5 (mask_fill None: exact zeros) or MASK-6 (a float)."""
     if mask_fill is not None:
@@ -64,7 +77,9 @@ def forward(spec: AttentionSpec, params: dict, inputs: dict, dtype: str, order: 
     qp, kp = positions(inputs.get("q_positions"), Lq), positions(inputs.get("k_positions"), Lk)
     delta = relative_distance(qp, kp)  # (1|B, Lq, Lk)
     bias = inputs.get("bias")
-    allowed = allowed_keys((B, H, Lq, Lk), delta, causal=spec.causal, mask=inputs.get("mask"), bias=bias)
+    allowed = allowed_keys(
+        (B, H, Lq, Lk), delta, causal=spec.causal, mask=inputs.get("mask"), bias=bias, window=spec.window
+    )
     dead = None
     if spec.mask_fill is None:  # MASK-7: a dead key's values cannot leak, not even NaN
         dead = dead_keys(allowed)  # (B, Lk)
@@ -75,8 +90,9 @@ def forward(spec: AttentionSpec, params: dict, inputs: dict, dtype: str, order: 
     impl = None if scheme is None else hooks_for(scheme)
 
     q = _split(P.lin(query, p["wq"], p.get("bq")), H)  # (B, H, Lq, d)
-    k = _split(P.lin(key, p["wk"], p.get("bk")), H)  # (B, H, Lk, d)
-    v = _split(P.lin(value, p["wv"], p.get("bv")), H)  # (B, H, Lk, d)
+    kv = _kv_head(spec)  # HEAD-3
+    k = _split(P.lin(key, p["wk"], p.get("bk")), spec.kv_heads)[:, kv]  # (B, H, Lk, d)
+    v = _split(P.lin(value, p["wv"], p.get("bv")), spec.kv_heads)[:, kv]  # (B, H, Lk, dv), HEAD-4
     if "qk_transform" in hooks:
         q, k = impl.qk_transform(scheme, P, q, k, qp, kp)
     s, s_rel = spec.effective_scale, spec.relative_scale
@@ -95,6 +111,11 @@ def forward(spec: AttentionSpec, params: dict, inputs: dict, dtype: str, order: 
         if order == 0:
             term = P.rnd(term * s_rel)
         logits = P.rnd(logits + term)
+    capped = None
+    if spec.softcap is not None:  # SOFTCAP-1: c * tanh(score / c), each step rounded
+        c = P.acc.type(spec.softcap)
+        capped = P.rnd(np.tanh(P.rnd(logits / c)))
+        logits = P.rnd(capped * c)
     if "bias" in hooks:
         logits = P.rnd(logits + impl.bias(scheme, P, p, delta))
     if bias is not None:  # BIAS-1: never scaled
@@ -109,7 +130,7 @@ def forward(spec: AttentionSpec, params: dict, inputs: dict, dtype: str, order: 
         rv = as_4d(p["rel_v"])
         buckets = P.rnd(scatter_add(wd, value_index, rv.shape[-2]))  # (B, H, Lq, R)
         o = P.rnd(o + P.mm(buckets, rv))
-    merged = _merge(o)  # (B, Lq, D)
+    merged = _merge(o)  # (B, Lq, H * dv)
     out = P.lin(merged, p["wo"], p.get("bo"))
     cache = dict(
         P=P,
@@ -137,6 +158,7 @@ def forward(spec: AttentionSpec, params: dict, inputs: dict, dtype: str, order: 
         key_valid=key_valid,
         value_index=value_index,
         buckets=buckets,
+        capped=capped,
     )
     return out, w, cache
 
@@ -172,6 +194,8 @@ def backward(spec: AttentionSpec, cache: dict, grad_out, order: int = 0) -> dict
         grads["bias"] = P.rnd(sum_to(d_logits, np.shape(c["bias"])))
     if "bias" in hooks:
         grads.update(impl.bias_vjp(scheme, P, p, c["delta"], d_logits))
+    if c["capped"] is not None:  # SOFTCAP-1: d score = d capped * (1 - tanh^2)
+        d_logits = P.rnd(d_logits * P.rnd(1 - P.rnd(c["capped"] * c["capped"])))
     s, s_rel = spec.effective_scale, spec.relative_scale
     d_scaled = P.rnd(d_logits * s)
     if order == 1:  # the query was scaled first: scale its gradient last
@@ -189,6 +213,7 @@ def backward(spec: AttentionSpec, cache: dict, grad_out, order: int = 0) -> dict
         grads["rel_k"] = P.rnd(sum_to(g_rows.swapaxes(-1, -2) @ c["q"], rk.shape)).reshape(p["rel_k"].shape)
     if "qk_transform" in hooks:
         d_q, d_k = impl.qk_transform_vjp(scheme, P, d_q, d_k, c["qp"], c["kp"])
+    d_k, d_v = _kv_head_sum(spec, P, d_k), _kv_head_sum(spec, P, d_v)  # HEAD-3
     for name, x, d_head in (("q", c["query"], d_q), ("k", c["key"], d_k), ("v", c["value"], d_v)):
         dx, grads["w" + name], db = lin_vjp(x, p["w" + name], _merge(d_head))
         if c["dead"] is not None and name != "q":  # MASK-7: a dead key gets no gradient

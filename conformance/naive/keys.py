@@ -1,6 +1,6 @@
 """Relative distances and which keys a query may attend, for the naive emulation.
 
-Rules POS-2, CAUSAL-1, MASK-2, MASK-4, MASK-7, BIAS-2. Axis legend: B batch,
+Rules POS-2, CAUSAL-1, WINDOW-1, MASK-2, MASK-4, MASK-7, BIAS-2. Axis legend: B batch,
 H heads, Lq query length, Lk key length.
 
 Independent of ``numpy_ref.masking`` on purpose: the naive emulation is the
@@ -35,9 +35,15 @@ def relative_distance(q_positions: np.ndarray, k_positions: np.ndarray) -> np.nd
 
 
 def allowed_keys(
-    shape: tuple, delta: np.ndarray, *, causal: bool, mask: Optional[np.ndarray], bias: Optional[np.ndarray]
+    shape: tuple,
+    delta: np.ndarray,
+    *,
+    causal: bool,
+    mask: Optional[np.ndarray],
+    bias: Optional[np.ndarray],
+    window: Optional[tuple] = None,
 ) -> np.ndarray:
-    """MASK-4: key j is allowed for query i iff mask AND (delta <= 0 if causal) AND bias != -inf.
+    """MASK-4: key j is allowed for query i iff mask AND (delta <= 0 if causal) AND in the window AND bias != -inf.
 
     ``shape`` is (B, H, Lq, Lk) and so is the result. Each condition must
     broadcast to it (``broadcast_to`` never grows ``shape``).
@@ -45,6 +51,12 @@ def allowed_keys(
     conditions = [np.ones(shape, dtype=bool)]
     if causal:
         conditions.append(np.less_equal(delta, 0)[:, np.newaxis])  # CAUSAL-1: (1|B, 1, Lq, Lk)
+    if window is not None:  # WINDOW-1: the distance to each bound, not below 0
+        left, right = window
+        if left is not None:
+            conditions.append(np.greater_equal(delta + left, 0)[:, np.newaxis])
+        if right is not None:
+            conditions.append(np.greater_equal(right - delta, 0)[:, np.newaxis])
     if mask is not None:
         mask = np.asarray(mask)
         assert mask.dtype == np.bool_, f"mask must be boolean (MASK-3), got {mask.dtype}"
