@@ -1,4 +1,4 @@
-"""``python -m conformance``: run, list, generate, verify.
+"""``python -m conformance``: run, list, generate, verify, campaign, coverage, onnx-node-tests.
 
 Usage errors (unknown adapter, dtype, device, case pattern, unwritable report
 folder) print one line and exit with status 2; a run with any failure exits
@@ -218,6 +218,23 @@ def cmd_coverage(args) -> int:
     return 1 if missing else 0
 
 
+def cmd_onnx_node_tests(args) -> int:
+    try:
+        import onnx
+    except ImportError as e:
+        raise UsageError(f'onnx-node-tests needs onnx ({e}); install it with pip install -e ".[onnx]"') from None
+    from . import onnx_node_tests
+
+    outcomes = onnx_node_tests.run(args.case)
+    if args.case and not outcomes:
+        raise UsageError(f"--case {' '.join(args.case)}: matches no ONNX Attention node test")
+    print(f"attnspec {SPEC_VERSION} against ONNX's Attention node tests (onnx {onnx.__version__})")
+    for outcome in outcomes:
+        print(onnx_node_tests.render(outcome))
+    print(onnx_node_tests.summary(outcomes))
+    return 1 if any(o.status == "disagree" for o in outcomes) else 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m conformance", description=f"attnspec {SPEC_VERSION} conformance harness"
@@ -263,6 +280,11 @@ def parser() -> argparse.ArgumentParser:
     camp.add_argument("--no-progress", action="store_true", help="no progress bar")
     cov = sub.add_parser("coverage", help="the catalog-coverage table: input dimension x scheme -> cases")
     cov.add_argument("--write", action="store_true", help="write it to conformance/COVERAGE.md instead of printing")
+    onnx_tests = sub.add_parser(
+        "onnx-node-tests",
+        help="ONNX's own Attention node tests mapped onto numpy_ref: agree / disagree / not expressible per case",
+    )
+    onnx_tests.add_argument("--case", action="append", help="node test name pattern (fnmatch or substring; repeatable)")
     return p
 
 
@@ -275,6 +297,7 @@ def main(argv=None) -> int:
         "verify": cmd_verify,
         "campaign": cmd_campaign,
         "coverage": cmd_coverage,
+        "onnx-node-tests": cmd_onnx_node_tests,
     }[args.command]
     try:
         return command(args)

@@ -184,7 +184,7 @@ def ids(reference_mutants):
             "params.py",
             "identity_params",
             "stmt-drop",
-            "params[name] = np.eye(D) if name.startswith('w') else np.zeros(shape)",
+            "params[name] = np.eye(*shape) if name.startswith('w') else np.zeros(shape)",
             "pass",
         ),
     }

@@ -26,6 +26,8 @@ BUILTIN = {
     "torch-mha": "conformance.adapters.torch_mha:TorchMHAAdapter",
     "jax-nn": "conformance.adapters.jax_nn:JaxNNAdapter",
     "flax-mha": "conformance.adapters.flax_mha:FlaxMHAAdapter",
+    "onnx-reference": "conformance.adapters.onnx_reference:OnnxReferenceAdapter",
+    "onnxruntime": "conformance.adapters.onnxruntime_adapter:OnnxRuntimeAdapter",
 }
 
 
