@@ -145,9 +145,13 @@ def cmd_list(args) -> int:
         except Exception as e:  # a broken outside adapter must not hide the others
             why, caps = f"cannot load ({e})", None
         if caps:
+            # a dtype that no present device can run (Capabilities.unsupported) is not available
+            runs = [t for t in caps.dtypes if any((dev, t) not in caps.unsupported for dev in caps.devices)]
+            cannot = [t for t in caps.dtypes if t not in runs]
             print(
-                f"  {name:34s} available: {', '.join(caps.devices)}; {', '.join(caps.dtypes)}"
+                f"  {name:34s} available: {', '.join(caps.devices)}; {', '.join(runs)}"
                 f"{'' if caps.gradients else '; no gradients'}"
+                f"{'; not ' + ', '.join(cannot) if cannot else ''}"
             )
         else:
             print(f"  {name:34s} unavailable: {why}")

@@ -25,7 +25,7 @@ from .shaw import Shaw
 
 __all__ = ["AttentionSpec", "Shaw", "Huang", "SPEC_VERSION"]
 
-SPEC_VERSION = "1.2.0"
+SPEC_VERSION = "1.3.0"
 
 
 @dataclass(frozen=True)
