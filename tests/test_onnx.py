@@ -208,3 +208,89 @@ def test_dead_key_deviation_is_strict():
     results = runner.run(runner.Plan([adapter], cases=[case], dtypes=["float32"]), deviations=[wrong])
     assert any(r.status == "unexpected-pass" and r.failed for r in results)
     assert any(r.check == "dead-keys/nan" and r.status == "fail" for r in results)
+
+
+# ------------------------------------------------ the exporting direction: torch_impl through torch.onnx
+class TorchImplExportedToOnnxruntime:
+    """torch_impl.MultiHeadAttention exported with ``torch.onnx.export`` (dynamo) and run by onnxruntime.
+
+    The demonstration that the semantics port to a runtime nobody here wrote: the relative schemes and the
+    peer options leave PyTorch as an ONNX graph of plain operators, and the harness judges what onnxruntime
+    computes from it with the stored goldens and budgets. float32 only (what the export is for), no
+    gradients, no keep masks (a module draws those itself in training mode).
+    """
+
+    name = "torch-impl-onnx-export"
+
+    def __new__(cls):
+        from conformance.adapters.base import FEATURES, Adapter, Capabilities
+
+        class _Adapter(Adapter):
+            name = cls.name
+
+            def capabilities(self):
+                features = FEATURES - {"validates-input", "dropout-keep", "dropout-spec"}
+                return Capabilities(dtypes=("float32",), features=features, weights=True, gradients=False)
+
+            def forward(self, spec, params, inputs, *, device, need_weights):
+                return _export_and_run(spec, params, inputs)
+
+        return _Adapter()
+
+
+#: The optional inputs, in the order the exported graph takes them after the query.
+_EXPORT_ARGS = ("key", "value", "mask", "bias", "q_positions", "k_positions")
+
+
+def _export_and_run(spec, params, inputs):
+    import pathlib
+    import tempfile
+    import warnings
+
+    import onnxruntime
+    import torch
+
+    import torch_impl
+
+    module = torch_impl.MultiHeadAttention(spec, dtype=torch.float32).load_canonical(params)
+    given = [n for n in _EXPORT_ARGS if n in inputs]
+
+    class Call(torch.nn.Module):  # positional tensors in, (out, weights) out: what an ONNX graph takes
+        def __init__(self):
+            super().__init__()
+            self.attention = module
+
+        def forward(self, query, *rest):
+            kw = dict(zip(given, rest))
+            return self.attention(query, kw.pop("key", None), kw.pop("value", None), **kw, return_weights=True)
+
+    args = tuple(torch.from_numpy(np.asarray(inputs[n])) for n in ("query", *given))
+    with warnings.catch_warnings(), tempfile.TemporaryDirectory() as tmp:
+        warnings.simplefilter("ignore")
+        path = pathlib.Path(tmp) / "attention.onnx"
+        torch.onnx.export(Call(), args, dynamo=True, verbose=False).save(str(path))
+        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    feeds = {i.name: a.numpy() for i, a in zip(session.get_inputs(), args)}
+    out, weights = session.run(None, feeds)
+    return {"out": out, "weights": weights}
+
+
+#: Relative schemes and peer options, self- and cross-attention, masks and positions.
+EXPORT_CASES = (
+    "huang/M8/self/per-head",
+    "shaw/k2/cross/random-positions",
+    "peer/value-head-dim/self/gqa-shaw-values-causal",
+    "peer/softcap/self/huang-causal-scale2",
+    "peer/window/cross/two-sided-decoding-shaw",
+)
+
+
+def test_torch_impl_exported_with_torch_onnx_passes_under_onnxruntime():
+    pytest.importorskip("onnxscript", reason="torch.onnx.export(dynamo=True) needs onnxscript (the onnx extra)")
+    pytest.importorskip("torch", reason="torch is not installed")
+    by_id = {c.id: c for c in CASES}
+    plan = runner.Plan([TorchImplExportedToOnnxruntime()], cases=[by_id[i] for i in EXPORT_CASES], dtypes=["float32"])
+    results = runner.run(plan, deviations=[])
+    assert not [f"{r.case} [{r.check}] {r.message}" for r in results if r.failed or r.status == "skip"]
+    judged = {r.case for r in results if r.status == "pass" and r.check == "out"}
+    assert judged == set(EXPORT_CASES)
