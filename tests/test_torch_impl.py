@@ -122,6 +122,61 @@ def test_canonical_round_trip_is_exact(dtype):
     assert np.array_equal(params["wq"].astype(np.float64), m.q_proj.weight.detach().double().numpy().T)
 
 
+@pytest.mark.parametrize(
+    "spec",
+    [
+        AttentionSpec(4, 3, num_kv_heads=2, value_head_dim=5, relative=Shaw(2, per_head=True)),
+        AttentionSpec(4, 2, num_kv_heads=1, value_head_dim=3, bias=False, relative=Huang(3)),
+    ],
+    ids=["gqa-dv-shaw-per-head", "mqa-dv-huang-no-bias"],
+)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_the_module_takes_its_shapes_from_param_shapes_and_round_trips_exactly(spec, dtype):
+    """PARAM-1, PARAM-3, HEAD-3, HEAD-4: k_proj D -> Hkv * d, v_proj D -> Hkv * dv, out_proj H * dv -> D,
+    rel_v (H, R, dv); canonical -> module -> canonical is bit-exact, and the module computes the reference."""
+    m = torch_impl.MultiHeadAttention(spec, dtype=dtype)
+    D, Hkv, d, dv = spec.model_dim, spec.kv_heads, spec.head_dim, spec.v_head_dim
+    assert m.k_proj.weight.shape == (Hkv * d, D) and m.v_proj.weight.shape == (Hkv * dv, D)
+    assert m.out_proj.weight.shape == (D, spec.num_heads * dv)
+    params = m.canonical_params()
+    assert {n: a.shape for n, a in params.items()} == spec.param_shapes()
+    back = torch_impl.MultiHeadAttention(spec, dtype=dtype).load_canonical(params).canonical_params()
+    for n, a in back.items():
+        assert a.dtype == params[n].dtype and a.tobytes() == params[n].tobytes(), n
+    if dtype == torch.float64:
+        ref_params = numpy_ref.init_params(spec, 2)
+        m.load_canonical(ref_params)
+        x = np.random.default_rng(3).normal(size=(2, 5, D))
+        np.testing.assert_allclose(
+            m(torch.as_tensor(x)).detach().numpy(), numpy_ref.attention(spec, ref_params, x), rtol=0, atol=1e-12
+        )
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        AttentionSpec(4, 2, num_kv_heads=2, window=(40, 3), relative=Shaw(3), dropout=0.25),
+        AttentionSpec(4, 2, num_kv_heads=1, value_head_dim=3, window=(16, None), causal=True, softcap=2.0,
+                      relative=Huang(20), dropout=0.25),
+    ],
+    ids=["gqa-window-shaw", "mqa-dv-sliding-causal-softcap-huang"],
+)  # fmt: skip
+def test_default_tiles_with_peer_options_at_a_length_that_splits_them_match_the_reference(spec):
+    """Lq = 300 > CPU_QUERY_ROWS with the default tiles: key prefixes stopped by the window's right bound or
+    causality (WINDOW-1, CAUSAL-1), grouped heads (HEAD-3), dv (HEAD-4), the cap (SOFTCAP-1)."""
+    params = numpy_ref.init_params(spec, 1)
+    rng = np.random.default_rng(2)
+    x, keep = rng.normal(size=(1, 300, spec.model_dim)), rng.random((1, 4, 300, 300)) < 0.75
+    tp = {n: torch.as_tensor(a) for n, a in params.items()}
+    got, w = torch_impl.attention(spec, tp, torch.as_tensor(x), dropout_keep=torch.as_tensor(keep), return_weights=True)
+    ref, ref_w = numpy_ref.attention(spec, params, x, dropout_keep=keep, return_weights=True)
+    np.testing.assert_allclose(got.numpy(), ref, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(w.numpy(), ref_w, rtol=0, atol=1e-12)
+    with torch.no_grad():  # no weights returned, no gradient recorded: reused tile buffers, the cap in place
+        again = torch_impl.attention(spec, tp, torch.as_tensor(x), dropout_keep=torch.as_tensor(keep))
+    np.testing.assert_allclose(again.numpy(), ref, rtol=0, atol=1e-12)
+
+
 def test_the_whole_conformance_run_passes_with_tiny_tiles(capsys):
     """Every case, dtype, gradient and exact check of the torch adapter, with tiles of 2 or 3 queries."""
     from conformance import cli
@@ -264,6 +319,17 @@ def test_interop_rejects_what_it_cannot_express():
         ValueError, match=re.escape("spec.relative: expected None (nn.MultiheadAttention cannot express it), got Shaw(")
     ):
         torch_impl.to_torch_mha(AttentionSpec(2, 2, relative=Shaw(1)), {})
+    for field, value, why in [
+        ("num_kv_heads", 1, "nn.MultiheadAttention has no grouped key/value heads; HEAD-3"),
+        ("value_head_dim", 3, "nn.MultiheadAttention has no value head size of its own"),
+        ("softcap", 5.0, "nn.MultiheadAttention has no logit soft-capping; SOFTCAP-1"),
+        ("window", (1, 0), "nn.MultiheadAttention has no window on the distance"),
+    ]:
+        spec = AttentionSpec(2, 2, **{field: value})
+        params = {n: a.astype(np.float32) for n, a in numpy_ref.init_params(spec, 0).items()}
+        with pytest.raises(ValueError, match=re.escape(f"spec.{field}: expected None ({why}")) as e:
+            torch_impl.to_torch_mha(spec, params)
+        assert str(e.value).endswith(f"got {value!r}")
     with pytest.raises(ValueError, match=re.escape("module: expected no add_bias_kv / add_zero_attn")):
         torch_impl.from_torch_mha(torch.nn.MultiheadAttention(4, 2, add_bias_kv=True))
     with pytest.raises(TypeError, match=re.escape("module: expected a torch.nn.MultiheadAttention, got Linear")):

@@ -9,6 +9,7 @@ skew) use small integers, whose products and sums are exact in float64, so
 they compare exactly: an index off by one cannot hide in a tolerance.
 """
 
+import dataclasses
 import re
 from types import SimpleNamespace
 from unittest import mock
@@ -20,7 +21,7 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch", reason="torch_impl needs PyTorch: pip install attnspec[torch]")
 
-from _random_calls import random_call  # noqa: E402
+from _random_calls import random_call, random_spec  # noqa: E402
 
 import numpy_ref  # noqa: E402
 import torch_impl  # noqa: E402
@@ -105,7 +106,7 @@ def tensors(call, dtype=torch.float64, requires_grad=False):
 
 def supports(kernel, call) -> bool:
     params, q, k, v, kw = tensors(call)
-    c = Call(q.shape[0], q.shape[1], k.shape[1], q.device, **kw, causal=call.spec.causal)
+    c = Call(q.shape[0], q.shape[1], k.shape[1], q.device, **kw, causal=call.spec.causal, window=call.spec.window)
     return (kernels.KERNELS[kernel]() if isinstance(kernel, str) else kernel).unsupported(call.spec, c) is None
 
 
@@ -456,7 +457,7 @@ def test_a_kernel_object_is_named_in_its_error():
 def test_a_hook_no_kernel_calls_is_an_error_not_a_fallback():
     """KERN-1, REL-3: a scheme with a hook kind no kernel has a call site for is refused by every kernel."""
     scheme = SimpleNamespace(name="alibi", hooks=frozenset({"bias"}))
-    spec = SimpleNamespace(relative=scheme, mask_fill=None)
+    spec = SimpleNamespace(relative=scheme, mask_fill=None, softcap=None)
     with pytest.raises(
         ValueError,
         match=re.escape(
@@ -495,3 +496,364 @@ def test_the_module_passes_its_kernel_through():
     goldens, budgets = truth(call)
     for implementation in ("eager", "tiles", TINY, None):
         assert_within_budget("out", m(torch.as_tensor(x), implementation=implementation), goldens, budgets)
+
+
+# ---------------------------------------------------------------- the peer options: HEAD-3, HEAD-4, SOFTCAP-1, WINDOW-1
+#: float64 against the float64 reference; float32 (inputs rounded to float32) in units of the largest value.
+F64_ATOL, F32_RTOL = 1e-12, 1e-5
+
+
+def _minus_inf_bias(rng, shape):
+    bias = rng.normal(size=shape)
+    bias[rng.random(shape) < 0.25] = -np.inf  # BIAS-2: disallowed keys, after the cap (SOFTCAP-1)
+    return bias
+
+
+#: name -> (spec, B, Lq, Lk, keyword inputs drawn from an rng). Cross-attention throughout (own key, value).
+PEER_CASES = {
+    "HEAD-3-mqa-hkv1-mask": (
+        AttentionSpec(4, 3, num_kv_heads=1),
+        2, 4, 6,
+        lambda rng: {"mask": rng.random((2, 1, 4, 6)) < 0.7},
+    ),
+    "HEAD-3-gqa-hkv2-causal-bias": (
+        AttentionSpec(4, 3, num_kv_heads=2, causal=True),
+        2, 5, 5,
+        lambda rng: {"bias": rng.normal(size=(4, 5, 5))},
+    ),
+    "HEAD-4-dv5-gqa": (AttentionSpec(4, 2, num_kv_heads=2, value_head_dim=5), 1, 3, 4, lambda rng: {}),
+    "HEAD-4-dv5-shaw-values-per-head-hkv2": (
+        AttentionSpec(4, 2, num_kv_heads=2, value_head_dim=5, relative=Shaw(2, per_head=True)),
+        2, 5, 6,
+        lambda rng: {},
+    ),
+    "HEAD-4-dv1-shaw-values-only-positions": (
+        AttentionSpec(2, 3, value_head_dim=1, relative=Shaw(1, keys=False, per_head=True)),
+        2, 4, 5,
+        lambda rng: {"q_positions": rng.integers(-3, 6, size=(2, 4)), "k_positions": np.arange(5)},
+    ),
+    "SOFTCAP-1-shaw-bias-minus-inf": (
+        AttentionSpec(2, 3, scale=1.5, softcap=1.0, relative=Shaw(2)),
+        2, 4, 5,
+        lambda rng: {"bias": _minus_inf_bias(rng, (2, 1, 4, 5))},
+    ),
+    "SOFTCAP-1-plain-bias-minus-inf": (
+        AttentionSpec(2, 3, scale=2.0, softcap=0.5),
+        1, 3, 4,
+        lambda rng: {"bias": _minus_inf_bias(rng, (3, 4))},
+    ),
+    "SOFTCAP-1-huang-causal-mqa": (
+        AttentionSpec(2, 3, num_kv_heads=1, softcap=2.0, relative=Huang(4), causal=True),
+        1, 6, 6,
+        lambda rng: {},
+    ),
+    "WINDOW-1-sliding-causal": (AttentionSpec(2, 3, window=(2, None), causal=True), 2, 7, 7, lambda rng: {}),
+    "WINDOW-1-two-sided-gqa": (AttentionSpec(4, 2, num_kv_heads=2, window=(1, 2)), 1, 6, 6, lambda rng: {}),
+    "WINDOW-1-right-only-shaw": (AttentionSpec(2, 2, window=(None, 1), relative=Shaw(2)), 1, 6, 5, lambda rng: {}),
+    "WINDOW-1-decoding-huang": (
+        AttentionSpec(2, 3, window=(2, 0), relative=Huang(3)),
+        2, 2, 7,
+        lambda rng: {"q_positions": np.arange(5, 7)},  # POS-3: the last two of seven positions
+    ),
+    "WINDOW-1-decoding-plain-causal": (
+        AttentionSpec(2, 3, window=(3, None), causal=True),
+        1, 3, 8,
+        lambda rng: {"q_positions": np.arange(5, 8)},
+    ),
+    "all-gqa-dv-softcap-window-shaw-dropout": (
+        AttentionSpec(
+            4, 2, num_kv_heads=2, value_head_dim=3, softcap=1.5, window=(1, 1), relative=Shaw(1, per_head=True),
+            dropout=0.3,
+        ),
+        2, 4, 5,
+        lambda rng: {"dropout_keep": rng.random((2, 4, 4, 5)) >= 0.3, "mask": rng.random((4, 5)) < 0.8},
+    ),
+}  # fmt: skip
+
+
+def peer_call(name: str):
+    """The case as a RandomCall (numpy_ref.init_params, inputs N(0, 1)), reproducible from its name."""
+    spec, B, Lq, Lk, make_kw = PEER_CASES[name]
+    rng = np.random.default_rng(sum(map(ord, name)))
+    D = spec.model_dim
+    params = numpy_ref.init_params(spec, seed=int(rng.integers(0, 2**31)))
+    query, key, value = rng.normal(size=(B, Lq, D)), rng.normal(size=(B, Lk, D)), rng.normal(size=(B, Lk, D))
+    return SimpleNamespace(
+        spec=spec, params=params, query=query, key=key, value=value, kwargs=make_kw(rng),
+        args=lambda: (spec, params, query, key, value),
+    )  # fmt: skip
+
+
+def peer_supports(kernel, call) -> bool:
+    params, q, k, v, kw = tensors(call)
+    c = Call(q.shape[0], q.shape[1], k.shape[1], q.device, **kw, causal=call.spec.causal, window=call.spec.window)
+    return (kernels.KERNELS[kernel]() if isinstance(kernel, str) else kernel).unsupported(call.spec, c) is None
+
+
+def forward_and_gradients(call, kernel, dtype):
+    """(out, weights or None, gradients by name) of torch_impl in dtype, gradients of <out, grad_out>."""
+    params, q, k, v, kw = tensors(call, dtype, requires_grad=True)
+    implementation = KERNELS[kernel]
+    out = torch_impl.attention(call.spec, params, q, k, v, **kw, implementation=implementation)
+    out.backward(torch.as_tensor(call.grad_out, dtype=dtype))
+    grads = {"query": q.grad, "key": k.grad, "value": v.grad, **{n: p.grad for n, p in params.items()}}
+    if "bias" in kw:
+        grads["bias"] = kw["bias"].grad
+    weights = None
+    if kernel != "sdpa":
+        with torch.no_grad():
+            out_w, weights = torch_impl.attention(
+                call.spec, params, q, k, v, **kw, return_weights=True, implementation=implementation
+            )
+        assert torch.equal(out_w, out.detach()) or torch.allclose(out_w, out.detach(), rtol=0, atol=1e-13)
+    with torch.no_grad():  # no gradient recorded: the tiles reuse their buffers and cap in place
+        again = torch_impl.attention(call.spec, params, q, k, v, **kw, implementation=implementation)
+    assert torch.allclose(again, out.detach(), rtol=0, atol=1e-13 if dtype == torch.float64 else 1e-6)
+    return out, weights, grads
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("case", PEER_CASES)
+def test_peer_option_forward_and_gradients_match_the_reference_in_float64(case, kernel):
+    """HEAD-3, HEAD-4, SOFTCAP-1, WINDOW-1 (and GRAD-1 through them): every kernel that supports the case
+    computes numpy_ref's output, weights and every gradient to 1e-12."""
+    call = peer_call(case)
+    if not peer_supports(KERNELS[kernel], call):
+        assert kernel == "sdpa", f"{kernel} must run {case}"
+        assert call.spec.relative is not None or call.spec.softcap is not None or "dropout_keep" in call.kwargs
+        return
+    call.grad_out = np.random.default_rng(1).normal(size=call.query.shape)
+    ref_out, ref_w = numpy_ref.attention(*call.args(), **call.kwargs, return_weights=True)
+    ref_grads = numpy_ref.attention_vjp(*call.args(), call.grad_out, **call.kwargs)
+    out, weights, grads = forward_and_gradients(call, kernel, torch.float64)
+    np.testing.assert_allclose(out.detach().numpy(), ref_out, rtol=0, atol=F64_ATOL)
+    if weights is not None:
+        np.testing.assert_allclose(weights.numpy(), ref_w, rtol=0, atol=F64_ATOL)
+    assert sorted(grads) == sorted(ref_grads)
+    for name, expected in ref_grads.items():
+        np.testing.assert_allclose(grads[name].numpy(), expected, rtol=0, atol=F64_ATOL, err_msg=name)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize(
+    "case", ["HEAD-3-mqa-hkv1-mask", "HEAD-4-dv5-shaw-values-per-head-hkv2", "SOFTCAP-1-shaw-bias-minus-inf",
+             "WINDOW-1-two-sided-gqa", "all-gqa-dv-softcap-window-shaw-dropout"],
+)  # fmt: skip
+def test_peer_option_in_float32_is_within_1e_5_of_the_reference(case, kernel):
+    """PREC-1: in float32 (inputs rounded to float32, the truth from those in float64), out and gradients
+    are within 1e-5 of their largest value."""
+    call = peer_call(case)
+    if not peer_supports(KERNELS[kernel], call):
+        return
+    call = rounded_call(call, "float32")
+    call.grad_out = generate.rounded(np.random.default_rng(1).normal(size=call.query.shape), "float32")
+    ref_out = numpy_ref.attention(*call.args(), **call.kwargs)
+    ref_grads = numpy_ref.attention_vjp(*call.args(), call.grad_out.astype(np.float64), **call.kwargs)
+    out, _, grads = forward_and_gradients(call, kernel, torch.float32)
+    assert out.dtype == torch.float32
+    for name, got, expected in [("out", out, ref_out), *((n, grads[n], g) for n, g in ref_grads.items())]:
+        error = np.abs(got.detach().double().numpy() - expected).max()
+        assert error <= F32_RTOL * max(1.0, np.abs(expected).max()), f"{name}: error {error:.3g}"
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize(
+    "spec,q_positions",
+    [
+        (AttentionSpec(2, 3, window=(0, 1), relative=Shaw(1)), [1, 9, 3]),
+        (AttentionSpec(4, 2, num_kv_heads=2, window=(0, 0), value_head_dim=3), [1, 7, 2]),
+    ],
+    ids=["shaw", "gqa-dv"],
+)
+def test_a_row_outside_every_window_gives_exact_zeros(spec, q_positions, kernel):
+    """WINDOW-1, MASK-5, MASK-7, GRAD-2: the query at a position whose window holds no key has all-zero
+    weights, per-head output exactly 0 (so out = bo exactly) and a zero gradient; a key in no window (key 0)
+    gets a zero gradient too."""
+    params = {n: torch.as_tensor(a) for n, a in numpy_ref.init_params(spec, 3).items()}
+    rng = np.random.default_rng(4)
+    D = spec.model_dim
+    q = torch.as_tensor(rng.normal(size=(2, 3, D))).requires_grad_(True)
+    kv = torch.as_tensor(rng.normal(size=(2, 5, D))).requires_grad_(True)
+    positions = torch.tensor(q_positions)
+    if kernel == "sdpa" and spec.relative is not None:
+        return  # the sdpa kernel takes no relative scheme
+    out = torch_impl.attention(spec, params, q, kv, q_positions=positions, implementation=KERNELS[kernel])
+    assert torch.equal(out[:, 1].detach(), params["bo"].expand(2, D))  # HEAD-2, OUT-1: merged row 0 -> bo
+    out.backward(torch.ones_like(out))
+    assert torch.equal(q.grad[:, 1], torch.zeros(2, D, dtype=torch.float64))
+    assert torch.equal(kv.grad[:, 0], torch.zeros(2, D, dtype=torch.float64))  # MASK-7: a dead key
+    assert torch.isfinite(q.grad).all() and torch.isfinite(kv.grad).all()
+    if kernel != "sdpa":
+        _, w = torch_impl.attention(
+            spec, params, q, kv, q_positions=positions, return_weights=True, implementation=KERNELS[kernel]
+        )
+        assert torch.equal(w[:, :, 1], torch.zeros(2, spec.num_heads, 5, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_the_worked_grouped_heads_example_by_hand(kernel):
+    """HEAD-3, the example of spec/attention.md: query heads 0, 1 read key/value head 0 and heads 2, 3 read
+    head 1, so one key with value features [1, 2] gives per-head values [1, 1, 2, 2], not [1, 2, 1, 2]."""
+    spec = AttentionSpec(num_heads=4, head_dim=1, num_kv_heads=2)
+    p = {n: torch.as_tensor(a) for n, a in numpy_ref.identity_params(spec).items()}
+    p["wv"] = torch.tensor([[1.0, 0], [0, 1], [0, 0], [0, 0]], dtype=torch.float64)
+    query, kv = torch.zeros(1, 1, 4, dtype=torch.float64), torch.tensor([[[1.0, 2.0, 0.0, 0.0]]], dtype=torch.float64)
+    out = torch_impl.attention(spec, p, query, kv, implementation=KERNELS[kernel])
+    assert out[0, 0].tolist() == [1.0, 1.0, 2.0, 2.0]
+
+
+@pytest.mark.parametrize("kernel", ["eager", "tiles", "tiles-tiny"])
+def test_the_worked_window_and_softcap_examples_by_hand(kernel):
+    """WINDOW-1, the example of spec/attention.md: window (1, 0), query positions 2 and 5 over keys 0..2:
+    weights [0, 1/2, 1/2] and a row of zeros. SOFTCAP-1: scores 6 and 0 capped at 3 become 3 tanh(2) and 0,
+    so the weights are e^(3 tanh 2) / (e^(3 tanh 2) + 1) and its complement."""
+    spec = AttentionSpec(num_heads=1, head_dim=1, window=(1, 0))
+    p = {n: torch.as_tensor(a) for n, a in numpy_ref.identity_params(spec).items()}
+    q, kv = torch.zeros(1, 2, 1, dtype=torch.float64), torch.tensor([[[1.0], [2.0], [3.0]]], dtype=torch.float64)
+    _, w = torch_impl.attention(
+        spec, p, q, kv, q_positions=torch.tensor([2, 5]), return_weights=True, implementation=KERNELS[kernel]
+    )
+    assert w[0, 0].tolist() == [[0.0, 0.5, 0.5], [0.0, 0.0, 0.0]]
+
+    spec = AttentionSpec(num_heads=1, head_dim=1, softcap=3.0)
+    p = {n: torch.as_tensor(a) for n, a in numpy_ref.identity_params(spec).items()}
+    q, kv = torch.tensor([[[2.0]]], dtype=torch.float64), torch.tensor([[[3.0], [0.0]]], dtype=torch.float64)
+    _, w = torch_impl.attention(spec, p, q, kv, return_weights=True, implementation=KERNELS[kernel])
+    e = np.exp(3.0 * np.tanh(2.0))
+    np.testing.assert_allclose(w[0, 0, 0].numpy(), [e / (e + 1), 1 / (e + 1)], rtol=0, atol=1e-15)
+
+
+def test_sdpa_refuses_softcap_by_name_and_the_automatic_choice_takes_tiles():
+    """SOFTCAP-1, KERN-1: the fused kernel has no hook between the score and the mask."""
+    spec = AttentionSpec(2, 2, softcap=1.5)
+    params = {n: torch.as_tensor(a) for n, a in numpy_ref.init_params(spec, 0).items()}
+    x = torch.randn(2, 3, 4, dtype=torch.float64)
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "implementation='sdpa': cannot run this call: spec.softcap=1.5 caps the score before the masks "
+            "(SOFTCAP-1), and sdpa has no score modification; kernels that can: 'eager', 'tiles'"
+        ),
+    ):
+        torch_impl.attention(spec, params, x, implementation="sdpa")
+    assert kernels.resolve(None, spec, plain_call()).name == "tiles"
+    assert torch.equal(
+        torch_impl.attention(spec, params, x), torch_impl.attention(spec, params, x, implementation="tiles")
+    )
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        AttentionSpec(4, 3, num_kv_heads=2),
+        AttentionSpec(4, 3, num_kv_heads=1, value_head_dim=5),
+        AttentionSpec(2, 3, window=(1, 0)),
+        AttentionSpec(2, 3, window=(2, None), causal=True),
+    ],
+    ids=["gqa", "mqa-dv", "window", "window-causal"],
+)
+def test_the_automatic_choice_keeps_sdpa_for_grouped_heads_value_sizes_and_windows(spec):
+    """KERN-1, HEAD-3, HEAD-4, WINDOW-1: sdpa runs them (enable_gqa, its own value size, the boolean mask)."""
+    assert kernels.resolve(None, spec, plain_call(causal=spec.causal, window=spec.window)).name == "sdpa"
+
+
+def test_tiles_never_split_a_group_of_query_heads():
+    """HEAD-3: a tile holds whole groups of G query heads or a part of one group, so that its key/value
+    heads are a slice; every (batch, head, query) is in one tile."""
+    for H, G, elements in ((6, 2, 3 * 4 * 4), (6, 3, 2 * 4 * 4), (8, 4, 3 * 4 * 4), (6, 2, 5 * 4 * 4), (4, 4, 16)):
+        grid = Tiles(elements=elements, min_rows=4).grid(
+            2, H, 4, 4, causal_prefix=False, short_rows=False, device_type="cpu", group=G
+        )
+        seen = np.zeros((2, H, 4), int)
+        for t in (t for g in grid for heads in g for t in heads):
+            h0, h1 = (0, H) if t.h.start is None else (t.h.start, t.h.stop)
+            whole_groups = h0 % G == 0 and (h1 - h0) % G == 0
+            assert whole_groups or h0 // G == (h1 - 1) // G, (H, G, elements, t)
+            kv = t.kv_heads(G)
+            kv0, kv1 = (0, H // G) if kv.start is None else (kv.start, kv.stop)
+            assert (kv0, kv1) == (h0 // G, (h1 - 1) // G + 1)
+            seen[t.b, h0:h1, t.q0 : t.q1] += 1
+        assert (seen == 1).all()
+
+
+def test_a_window_right_bound_stops_the_tiles_keys():
+    """WINDOW-1 with default positions: a tile of queries q0 .. q1 - 1 reads keys up to q1 - 1 + right only."""
+    grid = TINY.grid(1, 1, 6, 9, causal_prefix=True, short_rows=True, device_type="cpu", reach=2)
+    assert [(t.q0, t.q1, t.k1) for t in grid[0][0]] == [(0, 2, 4), (2, 4, 6), (4, 6, 8)]
+
+
+def random_peer_spec(rng) -> AttentionSpec:
+    """A random spec of ``_random_calls`` (scheme, causal, mask_fill, dropout, ...) with random peer options:
+    Hkv a divisor of H (HEAD-3), dv (HEAD-4), a cap (SOFTCAP-1), a window (WINDOW-1)."""
+    spec = random_spec(rng)
+    H = int(rng.choice([spec.num_heads, 4]))
+    divisors = [n for n in range(1, H + 1) if H % n == 0]
+    side = [None, 0, 1, 2, 3]
+    window = None
+    if rng.random() < 0.6:
+        window = (side[int(rng.integers(0, 5))], side[int(rng.integers(1, 5))])[:: 1 if rng.random() < 0.5 else -1]
+    return dataclasses.replace(
+        spec,
+        num_heads=H,
+        num_kv_heads=None if rng.random() < 0.2 else int(rng.choice(divisors)),
+        value_head_dim=None if rng.random() < 0.4 else int(rng.integers(1, 5)),
+        softcap=None if rng.random() < 0.5 else float(rng.uniform(0.3, 3.0)),
+        window=window,
+    )
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_random_calls_with_peer_options_match_the_reference_in_float64(kernel, seed):
+    """HEAD-3, HEAD-4, SOFTCAP-1, WINDOW-1 together with every other option of the random calls (masks, bias
+    with -inf, positions, mask_fill, keep masks, both schemes): out, weights and gradients to 1e-12 / 1e-11."""
+    call = random_call(seed, max_len=6, spec=random_peer_spec(np.random.default_rng(seed)))
+    call.key, call.value = call.key.copy(), call.value.copy()  # own gradients for key and value
+    if not supports(KERNELS[kernel], call):
+        return
+    call.grad_out = np.random.default_rng(seed).normal(size=call.query.shape)
+    ref_out, ref_w = numpy_ref.attention(*call.args(), **call.kwargs, return_weights=True)
+    ref_grads = numpy_ref.attention_vjp(*call.args(), call.grad_out, **call.kwargs)
+    out, weights, grads = forward_and_gradients(call, kernel, torch.float64)
+    np.testing.assert_allclose(out.detach().numpy(), ref_out, rtol=0, atol=F64_ATOL)
+    if weights is not None:
+        np.testing.assert_allclose(weights.numpy(), ref_w, rtol=0, atol=F64_ATOL)
+    for name, expected in ref_grads.items():
+        np.testing.assert_allclose(grads[name].numpy(), expected, rtol=0, atol=10 * F64_ATOL, err_msg=name)
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2])
+@pytest.mark.parametrize("pairs", [2, 3])
+def test_tiles_of_whole_groups_or_part_of_a_group_match_the_reference(kv_heads, pairs):
+    """HEAD-3 in the tiles kernel: with 4 query heads, tiles of 2 heads (``pairs`` (batch, head) pairs fit the
+    element budget) are whole groups of G = 2 or half of the group G = 4; out and gradients as numpy_ref."""
+    spec = AttentionSpec(4, 2, num_kv_heads=kv_heads, value_head_dim=3, relative=Shaw(1, per_head=True))
+    plan = Tiles(elements=pairs * 5 * 5, min_rows=5)
+    assert {t.h.stop - t.h.start for g in plan.grid(1, 4, 5, 5, causal_prefix=False, short_rows=False,
+            device_type="cpu", group=4 // kv_heads) for heads in g for t in heads} == {2}  # fmt: skip
+    rng = np.random.default_rng(5)
+    call = SimpleNamespace(
+        spec=spec, params=numpy_ref.init_params(spec, 5), query=rng.normal(size=(2, 5, 8)),
+        key=rng.normal(size=(2, 5, 8)), value=rng.normal(size=(2, 5, 8)), kwargs={"bias": rng.normal(size=(5, 5))},
+        grad_out=rng.normal(size=(2, 5, 8)),
+    )  # fmt: skip
+    call.args = lambda: (spec, call.params, call.query, call.key, call.value)
+    ref_out = numpy_ref.attention(*call.args(), **call.kwargs)
+    ref_grads = numpy_ref.attention_vjp(*call.args(), call.grad_out, **call.kwargs)
+    params, q, k, v, kw = tensors(call, requires_grad=True)
+    out = torch_impl.attention(spec, params, q, k, v, **kw, implementation=plan)
+    out.backward(torch.as_tensor(call.grad_out))
+    np.testing.assert_allclose(out.detach().numpy(), ref_out, rtol=0, atol=F64_ATOL)
+    got = {
+        "query": q.grad,
+        "key": k.grad,
+        "value": v.grad,
+        "bias": kw["bias"].grad,
+        **{n: p.grad for n, p in params.items()},
+    }
+    for name, expected in ref_grads.items():
+        np.testing.assert_allclose(got[name].numpy(), expected, rtol=0, atol=F64_ATOL, err_msg=name)
+    with torch.no_grad():
+        again = torch_impl.attention(spec, params, q, k, v, **kw, implementation=plan)
+    np.testing.assert_allclose(again.numpy(), ref_out, rtol=0, atol=F64_ATOL)

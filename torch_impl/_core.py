@@ -1,13 +1,17 @@
 """What every kernel shares: the call's description, positions, allowed keys, the softmax, the head layout.
 
 Axis legend (AXES-1): B batch, H heads, Lq query length, Lk key length,
-D model dim (= H * d), d head dim. Each piece exists once here; the kernels
-(``torch_impl.kernels``) and the schemes (``torch_impl.schemes``) call it.
+D model dim (= H * d), d head dim; Hkv key/value heads and G = H / Hkv the
+query heads per key/value head (HEAD-3), dv value head dim (HEAD-4). Each
+piece exists once here; the kernels (``torch_impl.kernels``) and the
+schemes (``torch_impl.schemes``) call it.
 Tensors are created on the device of the tensors they come from.
 """
 
 from __future__ import annotations
 
+import functools
+import operator
 from dataclasses import dataclass
 from typing import Optional
 
@@ -22,15 +26,38 @@ def project(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor]) -> torc
 
 
 def split_heads(x: torch.Tensor, H: int) -> torch.Tensor:
-    """HEAD-1: (B, L, D) -> (B, H, L, d), feature f to head f // d, channel f % d."""
-    B, L, D = x.shape
-    return x.view(B, L, H, D // H).transpose(1, 2)
+    """HEAD-1: (B, L, H * c) -> (B, H, L, c), feature f to head f // c, channel f % c.
+
+    Queries: H heads of d; keys: Hkv heads of d; values: Hkv heads of dv (HEAD-3, HEAD-4).
+    """
+    B, L, _ = x.shape
+    return x.view(B, L, H, -1).transpose(1, 2)
 
 
 def merge_heads(x: torch.Tensor) -> torch.Tensor:
-    """HEAD-2: (B, H, L, d) -> (B, L, D), the exact inverse of ``split_heads``."""
-    B, H, L, d = x.shape
-    return x.transpose(1, 2).reshape(B, L, H * d)
+    """HEAD-2: (B, H, L, dv) -> (B, L, H * dv), the exact inverse of ``split_heads``."""
+    B, H, L, c = x.shape
+    return x.transpose(1, 2).reshape(B, L, H * c)
+
+
+def grouped_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """q @ k.T per query head, query head h reading key head h // G (HEAD-3): (B, H, Lq, d), (B, Hkv, Lk, d)
+    -> (B, H, Lq, Lk).
+
+    The G query heads of a group are stacked as (B, Hkv, G * Lq, d), one
+    matmul per key/value head: no key is repeated. With G = 1 it is q @ k.T.
+    """
+    B, H, Lq, d = q.shape
+    Hkv, Lk = k.shape[1], k.shape[2]
+    return (q.reshape(B, Hkv, (H // Hkv) * Lq, d) @ k.transpose(-1, -2)).view(B, H, Lq, Lk)
+
+
+def grouped_values(w: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """w @ v per query head, query head h reading value head h // G (HEAD-3, HEAD-4): (B, H, Lq, Lk),
+    (B, Hkv, Lk, dv) -> (B, H, Lq, dv); the adjoint sums a value head's gradient over its group."""
+    B, H, Lq, Lk = w.shape
+    Hkv, dv = v.shape[1], v.shape[3]
+    return (w.reshape(B, Hkv, (H // Hkv) * Lq, Lk) @ v).view(B, H, Lq, dv)
 
 
 def stat_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -52,8 +79,9 @@ class Call:
     bool broadcastable to (B, H, Lq, Lk) (MASK-1), ``bias`` float likewise
     (BIAS-1), ``q_positions`` (Lq,) | (B, Lq) and ``k_positions`` (Lk,) |
     (B, Lk) (POS-1), ``dropout_keep`` bool (B, H, Lq, Lk) (DROP-2).
-    ``causal`` is ``spec.causal``. ``delta`` and ``allowed`` are computed on
-    first use, once per call, so a kernel that never reads them never pays.
+    ``causal`` is ``spec.causal``, ``window`` is ``spec.window`` (WINDOW-1).
+    ``delta`` and ``allowed`` are computed on first use, once per call, so a
+    kernel that never reads them never pays.
     (A memo in the instance dict rather than ``functools.cached_property``,
     which takes a lock on every read before Python 3.12.)
     """
@@ -69,6 +97,7 @@ class Call:
     dropout_keep: Optional[torch.Tensor] = None
     return_weights: bool = False
     causal: bool = False
+    window: Optional[tuple] = None
 
     @property
     def default_positions(self) -> bool:
@@ -90,7 +119,10 @@ class Call:
         """MASK-4: the allowed keys at their broadcast shape, or None when every key is allowed."""
         memo = self.__dict__
         if "_allowed" not in memo:
-            memo["_allowed"] = allowed_keys(self.delta if self.causal else None, self.mask, self.bias)
+            by_distance = self.causal or self.window is not None  # only then is delta needed
+            memo["_allowed"] = allowed_keys(
+                self.delta if by_distance else None, self.mask, self.bias, causal=self.causal, window=self.window
+            )
         return memo["_allowed"]
 
 
@@ -104,18 +136,35 @@ def positions(p: Optional[torch.Tensor], L: int, device) -> torch.Tensor:
 
 # ---------------------------------------------------------------- allowed keys and the softmax
 def allowed_keys(
-    causal_delta: Optional[torch.Tensor], mask: Optional[torch.Tensor], bias: Optional[torch.Tensor]
+    delta: Optional[torch.Tensor],
+    mask: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    *,
+    causal: bool = False,
+    window: Optional[tuple] = None,
 ) -> Optional[torch.Tensor]:
-    """MASK-4: mask AND causal AND bias != -inf (MASK-2, BIAS-2), at the broadcast shape; None when all allowed.
+    """MASK-4: mask AND causal AND in the window AND bias != -inf (MASK-2, BIAS-2), at the broadcast shape;
+    None when all allowed.
 
-    ``causal_delta``: delta (1|B, Lq, Lk) under a causal spec, where key j is
-    allowed for query i iff delta[i, j] <= 0 (CAUSAL-1); None otherwise.
+    ``delta`` (1|B, Lq, Lk), needed with ``causal`` or ``window`` only: key j
+    is allowed for query i iff delta[i, j] <= 0 under ``causal`` (CAUSAL-1),
+    and iff -left <= delta[i, j] <= right under ``window = (left, right)``, a
+    None side unbounded (WINDOW-1).
     """
-    allowed = None if causal_delta is None else (causal_delta <= 0).unsqueeze(1)  # (1|B, 1, Lq, Lk)
-    for part in (mask, None if bias is None else bias != float("-inf")):
-        if part is not None:
-            allowed = part if allowed is None else allowed & part
-    return allowed
+    parts = []
+    if causal:
+        parts.append((delta <= 0).unsqueeze(1))  # CAUSAL-1, (1|B, 1, Lq, Lk)
+    if window is not None:  # WINDOW-1
+        left, right = window
+        if left is not None:
+            parts.append((delta >= -left).unsqueeze(1))
+        if right is not None:
+            parts.append((delta <= right).unsqueeze(1))
+    if mask is not None:
+        parts.append(mask)  # MASK-2: combined by AND
+    if bias is not None:
+        parts.append(bias != float("-inf"))  # BIAS-2
+    return functools.reduce(operator.and_, parts) if parts else None
 
 
 def dead_keys(allowed: torch.Tensor, B: int, Lk: int) -> torch.Tensor:
@@ -150,6 +199,19 @@ def masked_softmax(
     e = torch.exp(z - m)
     total = e.sum(dim=-1, keepdim=True)
     return e / torch.where(total > 0, total, torch.ones_like(total))
+
+
+def softcap(score: torch.Tensor, cap: Optional[float], in_place: bool = False) -> torch.Tensor:
+    """SOFTCAP-1: cap * tanh(score / cap) of the score (content and relative key term), before the biases,
+    the masks and mask_fill; the score itself without a cap (``cap`` None).
+
+    ``in_place``: overwrite ``score`` (only where no gradient is recorded).
+    """
+    if cap is None:
+        return score
+    if in_place:
+        return score.div_(cap).tanh_().mul_(cap)
+    return cap * torch.tanh(score / cap)
 
 
 def dropout(weights: torch.Tensor, keep: Optional[torch.Tensor], p: float) -> torch.Tensor:

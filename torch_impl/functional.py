@@ -1,11 +1,13 @@
 """The functional core: multi-head attention with relative positions in PyTorch.
 
-    logits[b,h,i,j] = s * q_i . k_j  +  s_rel * rel_key(i, j)  +  bias[b,h,i,j]
-    w               = softmax over allowed keys (exact zeros elsewhere)
+    score[b,h,i,j]  = s * q_i . k_j  +  s_rel * rel_key(i, j)      k_j of key/value head h // G (HEAD-3)
+    logits[b,h,i,j] = cap(score)  +  bias[b,h,i,j]                 (cap: SOFTCAP-1, or none)
+    w               = softmax over allowed keys (exact zeros elsewhere; causal, window, mask, bias -inf)
     o_i             = sum_j w'_ij v_j  +  sum_j w'_ij rel_v[idx_ij]        w' = dropout(w)
     out             = merge(o) @ wo + bo
 
-Axis legend (AXES-1): B, H, Lq, Lk, D, d. Device-agnostic: every tensor is
+Axis legend (AXES-1): B, H, Lq, Lk, D, d; Hkv key/value heads, G = H / Hkv
+(HEAD-3), dv value head dim (HEAD-4). Device-agnostic: every tensor is
 created on the query's device. This module checks the arguments, projects
 and splits the heads, and hands the per-head core to one kernel
 (``torch_impl.kernels``, KERN-1): ``"eager"``, the readable baseline;
@@ -44,7 +46,8 @@ def attention(
 
     Args:
       spec: the layer's ``AttentionSpec``.
-      params: canonical tensors, ``spec.param_shapes()``, in the query's dtype and device.
+      params: canonical tensors, ``spec.param_shapes()`` (wk (D, Hkv * d), wv (D, Hkv * dv),
+        wo (H * dv, D), PARAM-1), in the query's dtype and device.
       query: [B, Lq, D]; key: [B, Lk, D] or None (= query); value: [B, Lk, D] or None (= key).
       mask: bool, True = attend, broadcastable to [B, H, Lq, Lk] (MASK-1).
       bias: float, broadcastable to [B, H, Lq, Lk], unscaled; -inf disallows (BIAS-1, BIAS-2).
@@ -52,7 +55,7 @@ def attention(
       dropout_keep: bool [B, H, Lq, Lk] keep mask, only with spec.dropout > 0 (DROP-1..3).
       return_weights: also return the post-softmax, pre-dropout weights [B, H, Lq, Lk].
       implementation: the kernel (KERN-1): None picks (``"sdpa"`` when it
-        supports the call, else ``"tiles"``); ``"eager"``, ``"sdpa"``,
+        supports the call, else ``"tiles"``; sdpa has no softcap, SOFTCAP-1); ``"eager"``, ``"sdpa"``,
         ``"tiles"``; or a kernel object such as ``torch_impl.kernels.Tiles(query_rows=64)``.
         A kernel that cannot run the call is a ``ValueError`` saying why.
 
@@ -74,18 +77,19 @@ def attention(
         dropout_keep=dropout_keep,
         return_weights=return_weights,
         causal=spec.causal,
+        window=spec.window,
     )
     kernel = kernels.resolve(implementation, spec, call)  # KERN-1
     key = query if key is None else key
     value = key if value is None else value
-    H, p = spec.num_heads, params
+    H, Hkv, p = spec.num_heads, spec.kv_heads, params
 
     if call.allowed is not None and spec.mask_fill is None:  # MASK-7: dead keys contribute nothing, not even NaN
         dead = _core.dead_keys(call.allowed, B, Lk).unsqueeze(-1)  # (B, Lk, 1)
         key, value = key.masked_fill(dead, 0.0), value.masked_fill(dead, 0.0)
     q = _core.split_heads(_core.project(query, p["wq"], p.get("bq")), H)  # (B, H, Lq, d)
-    k = _core.split_heads(_core.project(key, p["wk"], p.get("bk")), H)  # (B, H, Lk, d)
-    v = _core.split_heads(_core.project(value, p["wv"], p.get("bv")), H)  # (B, H, Lk, d)
+    k = _core.split_heads(_core.project(key, p["wk"], p.get("bk")), Hkv)  # (B, Hkv, Lk, d), HEAD-3
+    v = _core.split_heads(_core.project(value, p["wv"], p.get("bv")), Hkv)  # (B, Hkv, Lk, dv), HEAD-4
 
     match kernel.name:  # KERN-1: a closed choice
         case "eager":
@@ -96,5 +100,5 @@ def attention(
             o, weights = tiles.attention(kernel, spec, p, q, k, v, call)
         case name:
             raise ValueError(f"implementation: expected one of {sorted(kernels.KERNELS)}, got {name!r}")
-    out = _core.project(_core.merge_heads(o), p["wo"], p.get("bo"))  # (B, Lq, D), OUT-1
+    out = _core.project(_core.merge_heads(o), p["wo"], p.get("bo"))  # (B, Lq, H * dv) -> (B, Lq, D), OUT-1
     return (out, weights) if return_weights else out

@@ -3,9 +3,11 @@
 ``in_proj_weight`` stacks the (out, in) weights of q, k and v, so the
 canonical ``wq = in_proj_weight[:D].T`` and so on; ``out_proj.weight`` is
 ``wo.T`` (spec/comparison.md, PARAM-3). Only the configurations both can
-express convert: no relative positions, default scale, no mask_fill on our
-side; no ``add_bias_kv``, ``add_zero_attn`` or separate ``kdim``/``vdim``
-on theirs. The conformance adapter ``torch-mha`` uses these functions too.
+express convert: no relative positions, default scale, no mask_fill, no
+grouped key/value heads (HEAD-3), no value head size of its own (HEAD-4), no
+soft cap (SOFTCAP-1) and no window (WINDOW-1) on our side; no
+``add_bias_kv``, ``add_zero_attn`` or separate ``kdim``/``vdim`` on theirs.
+The conformance adapter ``torch-mha`` uses these functions too.
 """
 
 from __future__ import annotations
@@ -78,6 +80,36 @@ def from_torch_mha(module: nn.MultiheadAttention):
     return spec, canonical_of(module)
 
 
+#: What nn.MultiheadAttention lacks for each peer option of AttentionSpec: field -> (rule, why).
+MHA_LACKS = {
+    "num_kv_heads": ("HEAD-3", "nn.MultiheadAttention has no grouped key/value heads"),
+    "value_head_dim": (
+        "HEAD-4",
+        "nn.MultiheadAttention has no value head size of its own (its value heads have embed_dim // num_heads "
+        "channels)",
+    ),
+    "softcap": ("SOFTCAP-1", "nn.MultiheadAttention has no logit soft-capping"),
+    "window": (
+        "WINDOW-1",
+        "nn.MultiheadAttention has no window on the distance (pass the window as its attn_mask instead)",
+    ),
+}
+
+
+def require_mha_expressible(spec: AttentionSpec) -> None:
+    """A ``ValueError`` naming the field and why, for the AttentionSpec options nn.MultiheadAttention lacks.
+
+    HEAD-3, HEAD-4, SOFTCAP-1 and WINDOW-1 first (the torch layer's own
+    reasons), then the generic ``require_plain_attention`` (relative
+    positions, scale, mask_fill).
+    """
+    for field, (rule, why) in MHA_LACKS.items():
+        value = getattr(spec, field)
+        if value is not None:
+            raise fail_value(f"spec.{field}", f"None ({why}; {rule})", repr(value))
+    require_plain_attention(spec, "nn.MultiheadAttention")
+
+
 _DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -87,7 +119,9 @@ def to_torch_mha(spec: AttentionSpec, params: dict, device=None) -> nn.Multihead
     Its dtype is that of ``params`` (NumPy arrays or tensors). Remember its
     boolean masks are True = *ignore*.
     """
-    require_plain_attention(spec, "nn.MultiheadAttention")
+    if not isinstance(spec, AttentionSpec):
+        raise TypeError(f"spec: expected an AttentionSpec, got {type(spec).__name__}")
+    require_mha_expressible(spec)
     wq = params["wq"]
     dtype = wq.dtype if isinstance(wq, torch.Tensor) else _DTYPES[wq.dtype.name]
     D, H = spec.model_dim, spec.num_heads

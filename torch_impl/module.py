@@ -2,7 +2,10 @@
 
 Parameters are stored the way PyTorch users expect: ``q_proj``, ``k_proj``,
 ``v_proj``, ``out_proj`` are ``nn.Linear`` layers (weight ``(out, in)``),
-``rel_k`` / ``rel_v`` are tables of the canonical shape. ``load_canonical``
+``rel_k`` / ``rel_v`` are tables of the canonical shape. Every size comes
+from ``spec.param_shapes()`` (PARAM-1): with Hkv key/value heads (HEAD-3)
+and value heads of dv channels (HEAD-4), ``k_proj`` maps D to Hkv * d,
+``v_proj`` D to Hkv * dv and ``out_proj`` H * dv to D. ``load_canonical``
 and ``canonical_params`` convert to and from the canonical ``(in, out)``
 layout exactly (PARAM-3).
 """
@@ -83,13 +86,12 @@ class MultiHeadAttention(nn.Module):
         if not isinstance(spec, AttentionSpec):
             raise TypeError(f"spec: expected an AttentionSpec, got {type(spec).__name__}")
         self.spec = spec
-        D = spec.model_dim
         factory = {"device": device, "dtype": dtype}
-        self.q_proj = nn.Linear(D, D, bias=spec.bias, **factory)
-        self.k_proj = nn.Linear(D, D, bias=spec.bias, **factory)
-        self.v_proj = nn.Linear(D, D, bias=spec.bias, **factory)
-        self.out_proj = nn.Linear(D, D, bias=spec.bias, **factory)
-        shapes = spec.param_shapes()
+        shapes = spec.param_shapes()  # PARAM-1, HEAD-3, HEAD-4: canonical (in, out) weights
+        self.q_proj = nn.Linear(*shapes["wq"], bias=spec.bias, **factory)
+        self.k_proj = nn.Linear(*shapes["wk"], bias=spec.bias, **factory)
+        self.v_proj = nn.Linear(*shapes["wv"], bias=spec.bias, **factory)
+        self.out_proj = nn.Linear(*shapes["wo"], bias=spec.bias, **factory)
         self.rel_k = nn.Parameter(torch.empty(shapes["rel_k"], **factory)) if "rel_k" in shapes else None
         self.rel_v = nn.Parameter(torch.empty(shapes["rel_v"], **factory)) if "rel_v" in shapes else None
         self.reset_parameters()

@@ -73,12 +73,19 @@ def to_numpy(t) -> np.ndarray:
 
 
 def allowed_mask(spec, inputs: dict, B: int, H: int, Lq: int, Lk: int, device: str):
-    """The boolean allowed-key mask (B, H, Lq, Lk) from mask and top-left causal (no positions)."""
+    """The boolean allowed-key mask (B, H, Lq, Lk) from mask, top-left causal (CAUSAL-1) and the window
+    (WINDOW-1) on the default positions' distance delta[i, j] = j - i (these adapters take no positions)."""
     import torch
 
     allowed = torch.ones((B, H, Lq, Lk), dtype=torch.bool, device=device)
+    delta = torch.arange(Lk, device=device) - torch.arange(Lq, device=device).unsqueeze(1)  # (Lq, Lk), POS-1
     if spec.causal:
-        allowed = allowed & torch.ones((Lq, Lk), dtype=torch.bool, device=device).tril()
+        allowed = allowed & (delta <= 0)
+    left, right = (None, None) if spec.window is None else spec.window
+    if left is not None:
+        allowed = allowed & (delta >= -left)
+    if right is not None:
+        allowed = allowed & (delta <= right)
     if inputs.get("mask") is not None:
         allowed = allowed & to_torch(inputs["mask"], device)
     return allowed

@@ -79,7 +79,8 @@ class TorchTilesAdapter(TorchImplAdapter):
 
 
 #: What F.scaled_dot_product_attention cannot be asked for: no relative terms, no
-#: replacement fill, no explicit keep mask, and it returns no weights.
+#: replacement fill, no soft cap, no explicit keep mask, and it returns no weights.
+#: (Grouped key/value heads, a value head size and windows it runs: HEAD-3, HEAD-4, WINDOW-1.)
 SDPA_MISSING = {
     "shaw": "the sdpa kernel takes no relative scheme (use eager or tiles)",
     "shaw-values": "the sdpa kernel takes no relative scheme",
@@ -88,6 +89,7 @@ SDPA_MISSING = {
     "unscaled-relative": "the sdpa kernel takes no relative scheme",
     "mask-fill": "the sdpa kernel gives disallowed keys exactly 0 only (MASK-5), no fill value",
     "dropout-keep": "the sdpa kernel draws no explicit keep mask",
+    "softcap": "the sdpa kernel has no score modification: SOFTCAP-1 caps the score before the masks",
 }
 
 

@@ -34,6 +34,16 @@ def grads_of(spec, m) -> dict:
     return interop.canonical_of(m, grad=True)
 
 
+#: The peer options of AttentionSpec the layer lacks (the same reasons as torch_impl.interop.MHA_LACKS,
+#: written out so that the capabilities need no torch import).
+PEER_NOTES = {
+    "grouped-kv-heads": "nn.MultiheadAttention has no grouped key/value heads (HEAD-3)",
+    "value-head-dim": "nn.MultiheadAttention has no value head size of its own (HEAD-4)",
+    "softcap": "nn.MultiheadAttention has no logit soft-capping (SOFTCAP-1)",
+    "window": "nn.MultiheadAttention has no window on the distance (WINDOW-1; to_torch_mha refuses spec.window)",
+}
+
+
 class TorchMHAAdapter(_torch.TorchAdapter):
     name = "torch-mha"
     description = "torch.nn.MultiheadAttention(batch_first=True) with the canonical parameters"
@@ -49,6 +59,7 @@ class TorchMHAAdapter(_torch.TorchAdapter):
                 "huang": "no relative positions",
                 "mask-fill": "masked logits are -inf",
                 "dropout-keep": "dropout uses its own RNG",
+                **PEER_NOTES,
             },
         )
 

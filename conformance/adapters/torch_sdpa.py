@@ -1,8 +1,11 @@
 """PyTorch ``F.scaled_dot_product_attention`` with the canonical projections around it.
 
 Certifies SDPA's core for the subset it supports: scale, boolean and float
-masks, top-left causal. No relative positions, no explicit keep masks, no
-weights returned.
+masks, top-left causal, grouped key/value heads (HEAD-3, its ``enable_gqa``:
+query head h reads key/value head h // G, the spec's contiguous groups), a
+value head size of its own (HEAD-4), and windows (WINDOW-1, through its
+boolean mask). No relative positions, no soft cap, no explicit keep masks,
+no weights returned.
 """
 
 from __future__ import annotations
@@ -19,7 +22,18 @@ class TorchSDPAAdapter(_torch.TorchAdapter):
         return Capabilities(
             devices=_torch.devices(),
             features=frozenset(
-                {"cross-attention", "custom-scale", "no-projection-bias", "causal", "mask", "bias", "dropout-spec"}
+                {
+                    "cross-attention",
+                    "custom-scale",
+                    "no-projection-bias",
+                    "causal",
+                    "mask",
+                    "bias",
+                    "dropout-spec",
+                    "grouped-kv-heads",
+                    "value-head-dim",
+                    "window",
+                }
             ),
             weights=False,
             notes={
@@ -28,6 +42,8 @@ class TorchSDPAAdapter(_torch.TorchAdapter):
                 "huang": "no relative positions",
                 "mask-fill": "masked logits are -inf",
                 "dropout-keep": "dropout uses its own RNG",
+                "softcap": "F.scaled_dot_product_attention has no score modification: SOFTCAP-1 caps the score "
+                "before the masks (FlexAttention's score_mod can, SDPA cannot)",
             },
         )
 
@@ -44,25 +60,27 @@ class TorchSDPAAdapter(_torch.TorchAdapter):
         value = t.get("value", key)
         B, Lq, D = x.shape
         Lk = key.shape[1]
-        H, d = spec.num_heads, spec.head_dim
+        H, Hkv = spec.num_heads, spec.kv_heads
 
-        def proj(a, w, b):
+        def proj(a, w, b, heads):
             y = a @ t[w]
-            return (y + t[b] if b in t else y).view(B, -1, H, d).transpose(1, 2)  # (B, H, L, d)
+            return (y + t[b] if b in t else y).view(B, -1, heads, t[w].shape[1] // heads).transpose(1, 2)
 
-        q, k, v = proj(x, "wq", "bq"), proj(key, "wk", "bk"), proj(value, "wv", "bv")
-        has_mask = inputs.get("mask") is not None
+        q = proj(x, "wq", "bq", H)  # (B, H, Lq, d)
+        k, v = proj(key, "wk", "bk", Hkv), proj(value, "wv", "bv", Hkv)  # (B, Hkv, Lk, d), (B, Hkv, Lk, dv)
+        sdpa = dict(scale=spec.effective_scale, enable_gqa=Hkv != H)  # HEAD-3: contiguous groups
+        has_mask = inputs.get("mask") is not None or spec.window is not None  # WINDOW-1 goes in as a mask
         bias = t.get("bias")
         if bias is not None:
             allowed = _torch.allowed_mask(spec, inputs, B, H, Lq, Lk, device)
             attn_mask = bias.masked_fill(~allowed, float("-inf"))
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=spec.effective_scale)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **sdpa)
         elif has_mask:
             attn_mask = _torch.allowed_mask(spec, inputs, B, H, Lq, Lk, device)
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=spec.effective_scale)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **sdpa)
         else:
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=spec.causal, scale=spec.effective_scale)
-        merged = o.transpose(1, 2).reshape(B, Lq, D)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=spec.causal, **sdpa)
+        merged = o.transpose(1, 2).reshape(B, Lq, H * spec.v_head_dim)  # (B, Lq, H * dv)
         out = merged @ t["wo"]
         return out + t["bo"] if "bo" in t else out
 

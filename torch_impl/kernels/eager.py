@@ -1,13 +1,16 @@
 """``"eager"``: the readable baseline, every rule on the whole (B, H, Lq, Lk) logits (KERN-1).
 
-    logits = s * q @ k.T  +  s_rel * key_term(q, delta)  +  bias           (REL-1, SCALE-2..4)
-    w      = softmax over the allowed keys                                  (SOFTMAX-1, MASK-4..6)
-    o      = w' @ v  +  value_term(w', delta),   w' = dropout(w)            (DROP-1, DROP-4)
+    score  = s * q @ k.T  +  s_rel * key_term(q, delta)                     (REL-1, SCALE-2, SCALE-3, HEAD-3)
+    logits = cap(score)  +  bias                                            (SOFTCAP-1, SCALE-4)
+    w      = softmax over the allowed keys                                  (SOFTMAX-1, MASK-4..6, WINDOW-1)
+    o      = w' @ v  +  value_term(w', delta),   w' = dropout(w)            (DROP-1, DROP-4, HEAD-4)
 
 The scheme hooks are the plain algorithms (a gather and a scatter by the
 index from delta); no tiles, no reused buffers. Every other kernel is
 tested against this one. The logits and the softmax are in float32 for the
-16-bit dtypes (PREC-4). Axis legend (AXES-1): B, H, Lq, Lk, d.
+16-bit dtypes (PREC-4). Grouped key/value heads are read in place
+(``_core.grouped_scores`` / ``grouped_values``), never repeated. Axis
+legend (AXES-1): B, H, Lq, Lk, d; Hkv, G = H / Hkv (HEAD-3); dv (HEAD-4).
 """
 
 from __future__ import annotations
@@ -28,20 +31,25 @@ class Eager(Kernel):
 
 
 def attention(spec, params: dict, q, k, v, call: _core.Call):
-    """q (B, H, Lq, d), k and v (B, H, Lk, d) -> (o (B, H, Lq, d), weights (B, H, Lq, Lk) or None)."""
+    """q (B, H, Lq, d), k (B, Hkv, Lk, d), v (B, Hkv, Lk, dv) -> (o (B, H, Lq, dv), weights (B, H, Lq, Lk) or None).
+
+    Implements SCALE-2..4, REL-1, SOFTCAP-1, MASK-4..6 (through ``call.allowed``:
+    CAUSAL-1, WINDOW-1), SOFTMAX-1, DROP-1, DROP-4, HEAD-3, HEAD-4, PREC-4.
+    """
     scheme = spec.relative
     unit = None if scheme is None else schemes.module_for(scheme)
     hooks = frozenset() if scheme is None else scheme.hooks
     stat = _core.stat_dtype(q.dtype)  # PREC-4
 
-    logits = spec.effective_scale * (q @ k.transpose(-1, -2)).to(stat)  # (B, H, Lq, Lk), SCALE-2
+    logits = spec.effective_scale * _core.grouped_scores(q, k).to(stat)  # (B, H, Lq, Lk), SCALE-2, HEAD-3
     if "key_term" in hooks:  # REL-1, SCALE-3
         logits = logits + spec.relative_scale * unit.key_term(scheme, params, q, call.delta).to(stat)
+    logits = _core.softcap(logits, spec.softcap)  # SOFTCAP-1: the score, before the bias and the masks
     if call.bias is not None:  # BIAS-1, SCALE-4: unscaled
         logits = logits + call.bias.to(stat)
     weights = _core.masked_softmax(logits, call.allowed, spec.mask_fill)  # SOFTMAX-1, MASK-5, MASK-6
     dropped = _core.dropout(weights, call.dropout_keep, spec.dropout)  # DROP-1
-    o = dropped.to(q.dtype) @ v  # (B, H, Lq, d)
+    o = _core.grouped_values(dropped.to(q.dtype), v)  # (B, H, Lq, dv), HEAD-3, HEAD-4
     if "value_term" in hooks:  # DROP-4: from the weights after dropout
         o = o + unit.value_term(scheme, params, dropped, call.delta)
     return o, (weights.to(q.dtype) if call.return_weights else None)

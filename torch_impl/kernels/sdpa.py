@@ -1,10 +1,14 @@
 """``"sdpa"``: the vanilla core through ``F.scaled_dot_product_attention`` (KERN-1).
 
-The spec's masks, bias and positions become SDPA's ``attn_mask``; a top-left
-causal rule with nothing else is its ``is_causal``. SDPA gives a row with no
-allowed key exact zeros (MASK-5). It takes no relative scheme, no
-``mask_fill`` (MASK-6), no given keep mask (DROP-1) and returns no weights.
-Axis legend (AXES-1): B, H, Lq, Lk, d.
+The spec's masks, bias, positions and window (WINDOW-1) become SDPA's
+``attn_mask``; a top-left causal rule with nothing else is its
+``is_causal``. Grouped key/value heads (HEAD-3) are its ``enable_gqa``,
+whose groups are contiguous like the spec's (query head h reads key/value
+head h // G); values may have their own head size (HEAD-4). SDPA gives a
+row with no allowed key exact zeros (MASK-5). It takes no relative scheme,
+no ``mask_fill`` (MASK-6), no soft cap (SOFTCAP-1: it has no hook between
+the score and the mask), no given keep mask (DROP-1) and returns no weights.
+Axis legend (AXES-1): B, H, Lq, Lk, d; Hkv, G = H / Hkv (HEAD-3); dv (HEAD-4).
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from ._base import Kernel
 
 @dataclass(frozen=True)
 class SDPA(Kernel):
-    """PyTorch's fused attention, for calls without relative terms, mask_fill, keep mask or weights (KERN-1)."""
+    """PyTorch's fused attention, for calls without relative terms, mask_fill, softcap, keep mask or weights
+    (KERN-1)."""
 
     name: ClassVar[str] = "sdpa"
     scheme_hooks: ClassVar[frozenset] = frozenset()
@@ -35,6 +40,10 @@ class SDPA(Kernel):
                 if spec.mask_fill is None
                 else f"spec.mask_fill={spec.mask_fill!r} replaces disallowed logits (MASK-6), and sdpa only gives "
                 "them weight 0 (MASK-5)",
+                None
+                if spec.softcap is None
+                else f"spec.softcap={spec.softcap!r} caps the score before the masks (SOFTCAP-1), and sdpa has no "
+                "score modification",
                 None if call.dropout_keep is None else "sdpa takes no dropout_keep mask (DROP-1)",
                 "sdpa does not return the weights (return_weights=True)" if call.return_weights else None,
             )
@@ -44,14 +53,19 @@ class SDPA(Kernel):
 
 
 def attention(spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: _core.Call) -> torch.Tensor:
-    """q (B, H, Lq, d), k and v (B, H, Lk, d) -> o (B, H, Lq, d)."""
+    """q (B, H, Lq, d), k (B, Hkv, Lk, d), v (B, Hkv, Lk, dv) -> o (B, H, Lq, dv).
+
+    Implements SCALE-2, SCALE-4, MASK-4, MASK-5, BIAS-1, BIAS-2, CAUSAL-1, WINDOW-1, HEAD-3, HEAD-4.
+    """
     s = spec.effective_scale
-    if spec.causal and call.default_positions and call.mask is None and call.bias is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=s)  # CAUSAL-1 top-left
+    gqa = k.shape[1] != q.shape[1]  # HEAD-3: SDPA repeats each key/value head for G consecutive query heads
+    plain_causal = spec.causal and spec.window is None and call.default_positions
+    if plain_causal and call.mask is None and call.bias is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=s, enable_gqa=gqa)  # CAUSAL-1 top-left
     allowed, bias = call.allowed, call.bias
     if bias is not None:  # BIAS-1, BIAS-2: the float attn_mask carries -inf at disallowed keys
         attn_mask = bias.to(q.dtype) if allowed is None else bias.to(q.dtype).masked_fill(~allowed, float("-inf"))
     else:
         attn_mask = allowed  # MASK-4: bool, True = attend (SDPA's polarity)
     attn_mask = None if attn_mask is None else _core.as_4d(attn_mask)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=s)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=s, enable_gqa=gqa)

@@ -10,12 +10,21 @@ What makes it fast, all measured on the CPU (benchmarks/):
   (``Workspace``);
 - under a top-left causal rule (CAUSAL-1 with default positions) a tile
   reads only the keys up to its last query, and masks only its diagonal block;
+  a window's right bound r (WINDOW-1) likewise stops it r keys after its last
+  query (the window's left bound is applied by the mask only);
 - with default positions the scheme's tile hooks use the Huang skew and the
   banded Shaw key term and value sums (``torch_impl.schemes``), whose cost
   grows with the tile's queries: such calls get short query tiles.
 
+Grouped key/value heads (HEAD-3) are read in place: a tile holds whole groups
+of query heads, or part of one group, and stacks a group's queries against
+its key/value head (``_core.grouped_scores``); values may have their own head
+size dv (HEAD-4). The soft cap (SOFTCAP-1) applies to the score of each tile
+before its bias and its masks.
+
 The knobs live in the frozen ``Tiles`` object; the defaults are the measured ones.
-Axis legend (AXES-1): B, H, Lq, Lk, d; a tile has T queries and k1 keys.
+Axis legend (AXES-1): B, H, Lq, Lk, d; Hkv, G = H / Hkv (HEAD-3); dv (HEAD-4);
+a tile has T queries and k1 keys.
 """
 
 from __future__ import annotations
@@ -73,14 +82,27 @@ class Tiles(Kernel):
         object.__setattr__(self, "min_rows", require_int("Tiles", "min_rows", self.min_rows, 1))
 
     def grid(
-        self, B: int, H: int, Lq: int, Lk: int, *, causal_prefix: bool, short_rows: bool, device_type: str
+        self,
+        B: int,
+        H: int,
+        Lq: int,
+        Lk: int,
+        *,
+        causal_prefix: bool,
+        short_rows: bool,
+        device_type: str,
+        reach: int = 0,
+        group: int = 1,
     ) -> list:
         """Tiles covering (B, H, Lq), as [batch group][head group][query range].
 
-        ``causal_prefix``: every allowed key of query i is <= i, so a tile of
-        queries q0 .. q1 - 1 reads keys 0 .. q1 - 1 only. ``short_rows``:
-        tiles of ``query_rows`` queries are cheaper. Tile sizes come from the
-        element budget and the rows, never one query per tile.
+        ``causal_prefix``: every allowed key of query i is <= i + ``reach``
+        (CAUSAL-1: reach 0; WINDOW-1: its right bound), so a tile of queries
+        q0 .. q1 - 1 reads keys 0 .. q1 + reach - 1 only. ``short_rows``:
+        tiles of ``query_rows`` queries are cheaper. ``group``: G, the query
+        heads that share a key/value head (HEAD-3); a tile holds whole groups
+        or a part of one group. Tile sizes come from the element budget and
+        the rows, never one query per tile.
         """
         on_cpu = device_type == "cpu"
         budget = self.elements if self.elements is not None else (CPU_ELEMENTS if on_cpu else ACCELERATOR_ELEMENTS)
@@ -93,12 +115,21 @@ class Tiles(Kernel):
             nb = pairs // H
             groups = [(slice(b, b + nb), [slice(None)]) for b in range(0, B, nb)]
         else:
-            groups = [(slice(b, b + 1), [slice(h, h + pairs) for h in range(0, H, pairs)]) for b in range(B)]
+            n = _heads_per_tile(pairs, group)
+            groups = [(slice(b, b + 1), [slice(h, h + n) for h in range(0, H, n)]) for b in range(B)]
         ranges = [(a, min(a + rows, Lq)) for a in range(0, Lq, rows)]
         return [
-            [[Tile(bs, hs, a, z, min(z, Lk) if causal_prefix else Lk) for a, z in ranges] for hs in heads]
+            [[Tile(bs, hs, a, z, min(z + reach, Lk) if causal_prefix else Lk) for a, z in ranges] for hs in heads]
             for bs, heads in groups
         ]
+
+
+def _heads_per_tile(pairs: int, group: int) -> int:
+    """At most ``pairs`` query heads per tile that never split two groups of ``group`` heads (HEAD-3):
+    a multiple of the group, or a divisor of it."""
+    if pairs >= group:
+        return pairs - pairs % group
+    return max(n for n in range(1, pairs + 1) if group % n == 0)
 
 
 class Tile(NamedTuple):
@@ -109,6 +140,13 @@ class Tile(NamedTuple):
     q0: int
     q1: int
     k1: int
+
+    def kv_heads(self, group: int) -> slice:
+        """HEAD-3: the key/value heads this tile's query heads read, query head h reading h // G (the grid
+        keeps a tile inside whole groups or one group)."""
+        if group == 1 or self.h.start is None:
+            return self.h
+        return slice(self.h.start // group, (self.h.stop - 1) // group + 1)
 
     @property
     def part(self) -> tuple:
@@ -131,31 +169,38 @@ class _Run(NamedTuple):
     spec: object
     call: _core.Call
     q_s: torch.Tensor  # (B, H, Lq, d), times s (SCALE-2)
-    k: torch.Tensor
-    v: torch.Tensor
+    k: torch.Tensor  # (B, Hkv, Lk, d)
+    v: torch.Tensor  # (B, Hkv, Lk, dv)
+    group: int  # G = H / Hkv (HEAD-3)
     unit: object  # the scheme's module, or None
     hooks: frozenset  # the hook kinds it uses (REL-3)
     state: object  # its tile state, or None
     stat: torch.dtype  # PREC-4
-    causal_block: bool  # CAUSAL-1 alone, top-left: mask each tile's diagonal block in place
+    causal_block: bool  # CAUSAL-1 alone (no window, mask or bias), top-left: mask each tile's diagonal block
     future: Optional[torch.Tensor]  # (T_max, T_max) bool, c > r: the keys after the diagonal
     ws: Optional[Workspace]
 
 
 def attention(plan: Tiles, spec, params: dict, q, k, v, call: _core.Call):
-    """q (B, H, Lq, d), k and v (B, H, Lk, d) -> (o (B, H, Lq, d), weights (B, H, Lq, Lk) or None)."""
+    """q (B, H, Lq, d), k (B, Hkv, Lk, d), v (B, Hkv, Lk, dv) -> (o (B, H, Lq, dv), weights (B, H, Lq, Lk) or None).
+
+    Implements SCALE-2..4, REL-1, SOFTCAP-1, MASK-4..6 (through ``call.allowed``:
+    CAUSAL-1, WINDOW-1), SOFTMAX-1, DROP-1, DROP-4, HEAD-3, HEAD-4, PREC-4.
+    """
     B, H, Lq, _ = q.shape
     Lk = k.shape[2]
     default = call.default_positions
-    causal_prefix = spec.causal and default and spec.mask_fill is None
+    reach = _key_reach(spec) if default and spec.mask_fill is None else None  # skip keys no query may attend
     grid = plan.grid(
         B,
         H,
         Lq,
         Lk,
-        causal_prefix=causal_prefix,
-        short_rows=causal_prefix or (spec.relative is not None and default),
+        causal_prefix=reach is not None,
+        short_rows=reach is not None or (spec.relative is not None and default),
         device_type=q.device.type,
+        reach=reach or 0,
+        group=spec.group_size,
     )
     longest = max(t.q1 - t.q0 for t in _flat(grid))
     stat = _core.stat_dtype(q.dtype)
@@ -173,14 +218,21 @@ def attention(plan: Tiles, spec, params: dict, q, k, v, call: _core.Call):
             rows=longest,
             stat=stat,
         )
-    causal_block = spec.causal and default and call.mask is None and call.bias is None and spec.mask_fill is None
+    causal_block = (
+        spec.causal
+        and default
+        and spec.window is None
+        and call.mask is None
+        and call.bias is None
+        and spec.mask_fill is None
+    )
     future = torch.ones(longest, longest, dtype=torch.bool, device=q.device).triu_(1) if causal_block else None
     records_grad = torch.is_grad_enabled() and any(
         x is not None and x.requires_grad for x in (q, k, v, call.bias, *params.values())
     )
     # returned weights must stay; under torch.compile the compiler plans the memory itself
     ws = None if records_grad or call.return_weights or torch.compiler.is_compiling() else Workspace(q.device)
-    run = _Run(spec, call, q_s, k, v, unit, hooks, state, stat, causal_block, future, ws)
+    run = _Run(spec, call, q_s, k, v, spec.group_size, unit, hooks, state, stat, causal_block, future, ws)
     outs, weights = [], []
     for t in _flat(grid):
         o, w = _tile(run, t)
@@ -190,12 +242,22 @@ def attention(plan: Tiles, spec, params: dict, q, k, v, call: _core.Call):
     return _join(grid, outs), (_join(grid, weights) if call.return_weights else None)
 
 
+def _key_reach(spec) -> Optional[int]:
+    """With default positions, the most keys after its own that a query may attend: 0 under CAUSAL-1, the
+    right bound under WINDOW-1; None when unbounded."""
+    if spec.causal:
+        return 0
+    return None if spec.window is None else spec.window[1]
+
+
 def _tile(run: _Run, t: Tile):
-    """One tile: (o (b, h, T, d), weights (b, h, T, k1) or None)."""
+    """One tile: (o (b, h, T, dv), weights (b, h, T, k1) or None)."""
     spec, call, ws, hooks = run.spec, run.call, run.ws, run.hooks
     q_s = run.q_s[t.part]
+    kv = t.kv_heads(run.group)  # HEAD-3
     term = run.unit.tile_key_term(run.state, t, ws) if "key_term" in hooks else None  # REL-1
-    logits = _content_logits(q_s, run.k[t.b, t.h, : t.k1], term, run.stat, ws)
+    logits = _content_logits(q_s, run.k[t.b, kv, : t.k1], term, run.stat, ws)
+    logits = _core.softcap(logits, spec.softcap, in_place=ws is not None)  # SOFTCAP-1: before bias and masks
     bias = t.cut(call.bias)
     if bias is not None:
         logits = logits + bias.to(run.stat)  # BIAS-1, SCALE-4
@@ -206,31 +268,34 @@ def _tile(run: _Run, t: Tile):
     weights = _core.masked_softmax(logits, allowed, spec.mask_fill, out=take(ws, "weights", logits.shape, logits.dtype))
     del logits, term  # free the (T, k1) buffers before the value side (autograd keeps what it needs)
     dropped = _core.dropout(weights, t.cut(call.dropout_keep), spec.dropout)  # DROP-1
-    o = dropped.to(q_s.dtype) @ run.v[t.b, t.h, : t.k1]
+    o = _core.grouped_values(dropped.to(q_s.dtype), run.v[t.b, kv, : t.k1])  # (b, h, T, dv), HEAD-3, HEAD-4
     if "value_term" in hooks:  # DROP-4
         o = o + run.unit.tile_value_term(run.state, dropped, t)
     return o, (weights.to(q_s.dtype) if call.return_weights else None)
 
 
 def _content_logits(q_s, k, term, stat, ws=None):
-    """s * q @ k.T (+ the relative term) of one tile, in the statistics dtype: (b, h, T, k1).
+    """s * q @ k.T (+ the relative term) of one tile, in the statistics dtype: q_s (b, h, T, d), k (b, hkv, k1, d)
+    -> (b, h, T, k1), query head h reading key head h // (h / hkv) (HEAD-3).
 
     In the input dtype the relative term is the accumulator of one batched
     matmul (baddbmm), which saves a pass over the (T, k1) logits. With a
     Workspace (no gradient recorded) the result goes to its "logits" slot,
-    or accumulates into the term where the term already lives there.
+    or accumulates into the term where the term already lives there. The
+    queries of a group are stacked, (b * hkv, G * T, d), as in ``_core.grouped_scores``.
     """
     B, H, Lq, d = q_s.shape
-    Lk = k.shape[2]
+    Hkv, Lk = k.shape[1], k.shape[2]
     if term is not None and term.dtype == stat:
-        q3, k3 = q_s.reshape(B * H, Lq, d), k.reshape(B * H, Lk, d).transpose(1, 2)
+        rows = (H // Hkv) * Lq  # G * T stacked queries per key/value head
+        q3, k3 = q_s.reshape(B * Hkv, rows, d), k.reshape(B * Hkv, Lk, d).transpose(1, 2)
         if ws is not None and term.is_contiguous():  # accumulate into the term itself
-            return term.view(B * H, Lq, Lk).baddbmm_(q3, k3).view(B, H, Lq, Lk)
-        out = take(ws, "logits", (B * H, Lq, Lk), stat)
+            return term.view(B * Hkv, rows, Lk).baddbmm_(q3, k3).view(B, H, Lq, Lk)
+        out = take(ws, "logits", (B * Hkv, rows, Lk), stat)
         if out is not None:
-            return torch.baddbmm(term.reshape(B * H, Lq, Lk), q3, k3, out=out).view(B, H, Lq, Lk)
-        return torch.baddbmm(term.reshape(B * H, Lq, Lk), q3, k3).view(B, H, Lq, Lk)
-    logits = (q_s @ k.transpose(-1, -2)).to(stat)
+            return torch.baddbmm(term.reshape(B * Hkv, rows, Lk), q3, k3, out=out).view(B, H, Lq, Lk)
+        return torch.baddbmm(term.reshape(B * Hkv, rows, Lk), q3, k3).view(B, H, Lq, Lk)
+    logits = _core.grouped_scores(q_s, k).to(stat)
     return logits if term is None else logits + term.to(stat)
 
 

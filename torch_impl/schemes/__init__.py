@@ -7,13 +7,16 @@ look at the scheme's type; a kernel whose call site for a hook is missing
 says so through its ``unsupported`` (KERN-1).
 
 Hook protocol. ``params`` is the canonical dict of tensors; ``delta`` the
-int64 distances (1|B, Lq, Lk) (POS-2). Axis legend (AXES-1): B, H, Lq, Lk, d.
+int64 distances (1|B, Lq, Lk) (POS-2). Axis legend (AXES-1): B, H, Lq, Lk, d;
+dv the value head dim (HEAD-4), the columns of a value-side table. The
+hooks see the H query heads only: with grouped key/value heads (HEAD-3) a
+per-head table still has one table per query head.
 
 Eager hooks (the readable algorithms, whole (B, H, Lq, Lk) arrays):
 
 - ``key_term(scheme, params, q, delta) -> (B, H, Lq, Lk)`` from q (B, H, Lq, d),
   before the factor s_rel (SCALE-3) that the kernel applies;
-- ``value_term(scheme, params, w, delta) -> (B, H, Lq, d)`` from the weights
+- ``value_term(scheme, params, w, delta) -> (B, H, Lq, dv)`` from the weights
   after dropout w' (B, H, Lq, Lk) (DROP-4), added to ``w' @ v``.
 
 Tile hooks (called by the tiles kernel for one call, then per tile; a tile
@@ -30,7 +33,7 @@ to the tile)):
   ``rows`` the most queries of a tile; ``stat`` the weights' dtype (PREC-4);
 - ``tile_key_term(state, tile, ws) -> (b, h, T, k1)`` with s_rel included,
   ``ws`` a ``Workspace`` or None;
-- ``tile_value_term(state, w, tile) -> (b, h, T, d)`` from the tile's
+- ``tile_value_term(state, w, tile) -> (b, h, T, dv)`` from the tile's
   weights after dropout (b, h, T, k1).
 
 A later scheme adds one module and, for a hook kind no module has used

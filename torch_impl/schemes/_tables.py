@@ -26,7 +26,8 @@ def rows_logits(q: torch.Tensor, table: torch.Tensor, out: Optional[torch.Tensor
 
 
 def rows_sum(buckets: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """S @ table per head (REL-2): (B, H, Lq, R) x (R, d) | (H, R, d) -> (B, H, Lq, d), in the table's dtype."""
+    """S @ table per head (REL-2): (B, H, Lq, R) x (R, c) | (H, R, c) -> (B, H, Lq, c), in the table's dtype
+    (c = dv for a value table, HEAD-4)."""
     return buckets.to(table.dtype) @ (table if table.dim() == 2 else table.unsqueeze(0))
 
 

@@ -47,7 +47,8 @@ def key_term(scheme, params: dict, q: torch.Tensor, delta: torch.Tensor) -> torc
 def value_term(scheme, params: dict, w: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
     """SHAW-4: o_add[b, h, i] = sum_j w'_ij rel_v[idx_ij], from the weights after dropout (DROP-4).
 
-    w' (B, H, Lq, Lk), delta (1|B, Lq, Lk) -> (B, H, Lq, d) in the table's dtype.
+    w' (B, H, Lq, Lk), delta (1|B, Lq, Lk) -> (B, H, Lq, dv) in the table's dtype; rel_v (R, dv) | (H, R, dv)
+    (HEAD-4).
     """
     buckets = bucket_sums(w, shaw_index(delta, scheme.max_distance), scheme.num_rows)
     return rows_sum(buckets, params["rel_v"])
@@ -100,7 +101,7 @@ def tile_key_term(state: TileState, tile, ws=None) -> torch.Tensor:
 
 
 def tile_value_term(state: TileState, w: torch.Tensor, tile) -> torch.Tensor:
-    """SHAW-4 for one tile from its weights after dropout (DROP-4): (b, h, T, k1) -> (b, h, T, d)."""
+    """SHAW-4 for one tile from its weights after dropout (DROP-4): (b, h, T, k1) -> (b, h, T, dv) (HEAD-4)."""
     if state.index is not None:
         buckets = bucket_sums(w, tile.cut(state.index, lead=1), state.num_rows)
     else:
