@@ -1,13 +1,15 @@
 """The functional core: multi-head attention with relative positions in JAX.
 
-    logits[b,h,i,j] = s * q_i . k_j  +  s_rel * rel_key(i, j)  +  bias[b,h,i,j]
-    w               = softmax over allowed keys (exact zeros elsewhere)
+    score[b,h,i,j]  = s * q_i . k_j  +  s_rel * rel_key(i, j)           (k of key/value head h // G)
+    logits[b,h,i,j] = cap(score)  +  bias[b,h,i,j]                     (cap: c tanh(score / c), SOFTCAP-1)
+    w               = softmax over allowed keys (exact zeros elsewhere)  (causal, window, mask, bias)
     o_i             = sum_j w'_ij v_j  +  sum_j w'_ij rel_v[idx_ij]        w' = dropout(w)
     out             = merge(o) @ wo + bo
 
 Pure and jit-able with ``spec`` and ``implementation`` static (both hashable):
 ``jax.jit(attention, static_argnums=0, static_argnames=("return_weights", "implementation"))``.
-Differentiable in every array argument. Axis legend AXES-1: B, H, Lq, Lk, D, d.
+Differentiable in every array argument. Axis legend AXES-1: B, H, Lq, Lk, D, d;
+Hkv key/value heads and G = H / Hkv (HEAD-3), dv the value head dim (HEAD-4).
 
 This file checks the call (INPUT-1), picks the kernel (KERN-1), projects,
 splits the heads and merges them back; *how* the attention itself is
@@ -43,9 +45,13 @@ def attention(
 ):
     """Multi-head attention (spec/attention.md) over jax arrays.
 
+    Implements INPUT-1, PROJ-1, HEAD-1..HEAD-4, POS-1, POS-2, MASK-4, MASK-7, OUT-1, KERN-1 here; the
+    rest through ``masking`` and the kernel.
+
     Args:
       spec: the layer's ``AttentionSpec`` (static under jit).
-      params: canonical arrays, ``spec.param_shapes()``, in the query's dtype.
+      params: canonical arrays, ``spec.param_shapes()``, in the query's dtype (wk [D, Hkv * d],
+        wv [D, Hkv * dv], wo [H * dv, D] with grouped heads or a value head size, HEAD-3, HEAD-4).
       query: [B, Lq, D]; key: [B, Lk, D] or None (= query); value: [B, Lk, D] or None (= key).
       mask: bool, True = attend, broadcastable to [B, H, Lq, Lk] (MASK-1).
       bias: float, broadcastable to [B, H, Lq, Lk], unscaled; -inf disallows (BIAS-1, BIAS-2).
@@ -76,10 +82,10 @@ def attention(
     kernel = kernels.resolve(implementation, spec, call)  # KERN-1
     key = query if key is None else key
     value = key if value is None else value
-    H, p = spec.num_heads, params
+    H, Hkv, p = spec.num_heads, spec.kv_heads, params
     dtype = query.dtype
     q_pos = k_pos = delta = None
-    if spec.causal or spec.relative is not None:
+    if spec.causal or spec.window is not None or spec.relative is not None:
         q_pos, k_pos = positions(q_positions, Lq), positions(k_positions, Lk)  # POS-1
         delta = distance(q_pos, k_pos)  # POS-2, (1|B, Lq, Lk)
     allowed = allowed_keys(spec, delta, mask, bias)  # MASK-4
@@ -88,8 +94,8 @@ def attention(
         key, value = jnp.where(dead, 0, key).astype(dtype), jnp.where(dead, 0, value).astype(dtype)
 
     q = split(project(query, p["wq"], p.get("bq")), H)  # (B, H, Lq, d)
-    k = split(project(key, p["wk"], p.get("bk")), H)  # (B, H, Lk, d)
-    v = split(project(value, p["wv"], p.get("bv")), H)  # (B, H, Lk, d)
+    k = split(project(key, p["wk"], p.get("bk")), Hkv)  # (B, Hkv, Lk, d), HEAD-3
+    v = split(project(value, p["wv"], p.get("bv")), Hkv)  # (B, Hkv, Lk, dv), HEAD-3, HEAD-4
     o, weights = kernel(spec, p, kernels.Inputs(q, k, v, q_pos, k_pos, delta, allowed, bias, dropout_keep), call)
-    out = project(merge(o), p["wo"], p.get("bo"))  # (B, Lq, D)
+    out = project(merge(o), p["wo"], p.get("bo"))  # (B, Lq, H * dv) @ (H * dv, D) -> (B, Lq, D), OUT-1
     return (out, weights.astype(dtype)) if return_weights else out

@@ -1,18 +1,25 @@
 """Flax ``nnx.MultiHeadAttention``'s parameter layout, and conversion to and from that module.
 
 The layout map (spec/comparison.md; exact, contiguous heads HEAD-1, PARAM-3):
-the q/k/v kernels are ``(D, H, d)`` with biases ``(H, d)``, the out kernel
-``(H, d, D)`` with bias ``(D,)``: each is the canonical ``(D, D)`` / ``(D,)``
-array reshaped. ``flax_layout`` / ``to_flax_layout`` / ``from_flax_layout``
-are that map, written once; ``MultiHeadAttention`` keeps its parameters in
-it, and the conformance adapter of ``nnx.MultiHeadAttention`` uses it.
+the query kernel is ``(D, H, d)``, the key kernel ``(D, Hkv, d)``, the value
+kernel ``(D, Hkv, dv)`` with biases ``(H, d)``, ``(Hkv, d)``, ``(Hkv, dv)``,
+the out kernel ``(H, dv, D)`` with bias ``(D,)``: each is the canonical
+array reshaped (HEAD-3, HEAD-4; Hkv = H and dv = d by default).
+``flax_layout`` / ``to_flax_layout`` / ``from_flax_layout`` are that map,
+written once; ``MultiHeadAttention`` keeps its parameters in it, and the
+conformance adapter of ``nnx.MultiHeadAttention`` uses it.
 
 Only what both can express converts: no relative positions, default scale,
-no mask_fill on our side; equal in, qkv and out features, no normalize_qk,
-no grouped kv heads on theirs.
+no mask_fill, no value head size of its own, no softcap and no window on our
+side (``nnx.MultiHeadAttention`` has one head size for q, k and v, and no
+logit cap or window); equal in, qkv and out features and no normalize_qk on
+theirs. Grouped key/value heads (HEAD-3) convert both ways: Flax's
+``num_kv_heads`` groups query heads over key/value head h // G as HEAD-3 does.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -36,11 +43,14 @@ FLAX_SLOTS = {
 
 
 def flax_layout(spec: AttentionSpec) -> dict:
-    """Canonical projection name -> its shape in Flax's layout (the names of ``spec.param_shapes()``, no tables)."""
-    D, H, d = spec.model_dim, spec.num_heads, spec.head_dim
-    shapes = {"wq": (D, H, d), "wk": (D, H, d), "wv": (D, H, d), "wo": (H, d, D)}
+    """Canonical projection name -> its shape in Flax's layout (the names of ``spec.param_shapes()``, no tables).
+
+    HEAD-1 with HEAD-3, HEAD-4: the output features of a projection split into (heads, channels).
+    """
+    D, H, Hkv, d, dv = spec.model_dim, spec.num_heads, spec.kv_heads, spec.head_dim, spec.v_head_dim
+    shapes = {"wq": (D, H, d), "wk": (D, Hkv, d), "wv": (D, Hkv, dv), "wo": (H, dv, D)}
     if spec.bias:
-        shapes.update({"bq": (H, d), "bk": (H, d), "bv": (H, d), "bo": (D,)})
+        shapes.update({"bq": (H, d), "bk": (Hkv, d), "bv": (Hkv, dv), "bo": (D,)})
     return shapes
 
 
@@ -60,15 +70,19 @@ def from_flax_mha(module: nnx.MultiHeadAttention):
     if not isinstance(module, nnx.MultiHeadAttention):
         raise TypeError(f"module: expected a flax.nnx.MultiHeadAttention, got {type(module).__name__}")
     D = module.in_features
-    if not (module.qkv_features == D and module.out_features == D):
+    kv_features = getattr(module, "in_kv_features", D)
+    if not (module.qkv_features == D and module.out_features == D and kv_features == D):
         raise fail_value(
             "module",
-            "in_features == qkv_features == out_features",
-            f"{module.in_features}, {module.qkv_features}, {module.out_features}",
+            "in_features == qkv_features == out_features == in_kv_features",
+            f"{module.in_features}, {module.qkv_features}, {module.out_features}, {kv_features}",
         )
-    if module.normalize_qk or getattr(module, "num_kv_heads", module.num_heads) != module.num_heads:
-        raise fail_value("module", "no normalize_qk and no grouped key/value heads", "a module that uses them")
-    spec = AttentionSpec(num_heads=module.num_heads, head_dim=D // module.num_heads, bias=module.use_bias)
+    if module.normalize_qk:
+        raise fail_value("module", "no normalize_qk (attnspec has no query/key normalisation)", "normalize_qk=True")
+    H, Hkv = module.num_heads, getattr(module, "num_kv_heads", module.num_heads)
+    spec = AttentionSpec(
+        num_heads=H, head_dim=D // H, bias=module.use_bias, num_kv_heads=None if Hkv == H else Hkv
+    )  # HEAD-3
     arrays = {
         n: np.array(getattr(getattr(module, attr), slot)[...])
         for n, (attr, slot) in FLAX_SLOTS.items()
@@ -77,12 +91,49 @@ def from_flax_mha(module: nnx.MultiHeadAttention):
     return spec, from_flax_layout(spec, arrays)
 
 
+#: What nnx.MultiHeadAttention lacks for each peer option of AttentionSpec: field -> (rule, why).
+#: (num_kv_heads, HEAD-3, is its own num_kv_heads.)
+FLAX_MHA_LACKS = {
+    "value_head_dim": (
+        "HEAD-4",
+        "nnx.MultiHeadAttention has no value head size of its own (its query, key and value heads all have "
+        "qkv_features // num_heads channels)",
+    ),
+    "softcap": ("SOFTCAP-1", "nnx.MultiHeadAttention has no logit soft-capping"),
+    "window": (
+        "WINDOW-1",
+        "nnx.MultiHeadAttention has no window on the distance (pass the window as its mask instead)",
+    ),
+}
+
+
+def require_flax_mha_expressible(spec: AttentionSpec) -> None:
+    """A ``ValueError`` naming the field and why, for the AttentionSpec options nnx.MultiHeadAttention lacks.
+
+    HEAD-4, SOFTCAP-1 and WINDOW-1 first (Flax's own reasons), then the
+    generic ``require_plain_attention`` (relative positions, scale,
+    mask_fill) for everything but num_kv_heads, which Flax has (HEAD-3).
+    """
+    if not isinstance(spec, AttentionSpec):
+        raise TypeError(f"spec: expected an AttentionSpec, got {type(spec).__name__}")
+    for field, (rule, why) in FLAX_MHA_LACKS.items():
+        value = getattr(spec, field)
+        if value is not None:
+            raise fail_value(f"spec.{field}", f"None ({why}; {rule})", repr(value))
+    require_plain_attention(dataclasses.replace(spec, num_kv_heads=None), "nnx.MultiHeadAttention")
+
+
 def to_flax_mha(spec: AttentionSpec, params: dict, *, rngs: nnx.Rngs = None) -> nnx.MultiHeadAttention:
-    """An ``nnx.MultiHeadAttention`` (dtype of ``params``, full-precision matmuls) holding them exactly."""
-    require_plain_attention(spec, "nnx.MultiHeadAttention")
+    """An ``nnx.MultiHeadAttention`` (dtype of ``params``, full-precision matmuls) holding them exactly.
+
+    ``spec.num_kv_heads`` (HEAD-3) becomes Flax's ``num_kv_heads``; what
+    Flax cannot express is a ``ValueError`` (``require_flax_mha_expressible``).
+    """
+    require_flax_mha_expressible(spec)
     dtype = np.dtype(params["wq"].dtype)
     m = nnx.MultiHeadAttention(
         num_heads=spec.num_heads,
+        num_kv_heads=spec.kv_heads,
         in_features=spec.model_dim,
         qkv_features=spec.model_dim,
         out_features=spec.model_dim,

@@ -1,7 +1,7 @@
 """Positions, the keys a query may attend, and the softmax that honours them.
 
-Rules POS-1, POS-2, CAUSAL-1, MASK-2, MASK-4..MASK-7, BIAS-2, SOFTMAX-1,
-DROP-1, PREC-4. Every kernel uses these; none has its own copy.
+Rules POS-1, POS-2, CAUSAL-1, WINDOW-1, MASK-2, MASK-4..MASK-7, BIAS-2,
+SOFTCAP-1, SOFTMAX-1, DROP-1, PREC-4. Every kernel uses these; none has its own copy.
 Axis legend (AXES-1): B, H, Lq, Lk; "(1|B, ...)" is an axis of size 1 or B.
 """
 
@@ -33,13 +33,20 @@ def as4d(x):
 
 
 def allowed_keys(spec: AttentionSpec, delta, mask, bias):
-    """MASK-4: mask AND (delta <= 0 under causal) AND bias != -inf, at its broadcast shape (rank 4).
+    """MASK-4: mask AND (delta <= 0 under causal) AND (-left <= delta <= right in the window) AND bias != -inf.
 
-    None when every key is allowed. delta (1|B, Lq, Lk) is needed only with ``spec.causal``.
+    At its broadcast shape (rank 4); None when every key is allowed. delta
+    (1|B, Lq, Lk) is needed only with ``spec.causal`` or ``spec.window``.
     """
     parts = []
     if spec.causal:
         parts.append((delta <= 0)[:, None])  # CAUSAL-1, (1|B, 1, Lq, Lk)
+    if spec.window is not None:  # WINDOW-1, (1|B, 1, Lq, Lk); a None side is unbounded
+        left, right = spec.window
+        if left is not None:
+            parts.append((delta >= -left)[:, None])
+        if right is not None:
+            parts.append((delta <= right)[:, None])
     if mask is not None:
         parts.append(as4d(jnp.asarray(mask)))  # MASK-2: combined by AND
     if bias is not None:
@@ -60,6 +67,16 @@ def dead_keys(allowed, B: int, Lk: int):
 def stat_dtype(dtype):
     """PREC-4: the dtype of the logits and the softmax: float32 for float16 / bfloat16, else the input's."""
     return jnp.float32 if dtype in (jnp.float16, jnp.bfloat16) else dtype
+
+
+def softcap(score, cap: float):
+    """SOFTCAP-1: cap * tanh(score / cap), applied to the score before every bias and mask.
+
+    The bias input's -inf still disallows a key (BIAS-2): it is added after
+    the cap, never passed through tanh. The gradient, 1 - tanh^2(score / cap)
+    times that of the capped score, is autodiff's.
+    """
+    return cap * jnp.tanh(score / cap)
 
 
 def masked_softmax(logits, allowed, mask_fill, rows_nonempty: bool = False):

@@ -1,11 +1,13 @@
 """``MultiHeadAttention``: a Flax NNX module that owns the parameters and calls the core.
 
-Kernels are kept in Flax's layout (``interop.flax_layout``): ``q_kernel``,
-``k_kernel``, ``v_kernel`` ``(D, H, d)`` with biases ``(H, d)``,
-``out_kernel`` ``(H, d, D)`` with bias ``(D,)`` — as ``nnx.MultiHeadAttention``
-keeps them — and ``rel_k`` / ``rel_v`` tables of the canonical shape.
-Reshaping is the exact conversion to and from the canonical ``(D, D)``
-weights (contiguous heads, HEAD-1; PARAM-3).
+Kernels are kept in Flax's layout (``interop.flax_layout``): ``q_kernel``
+``(D, H, d)``, ``k_kernel`` ``(D, Hkv, d)``, ``v_kernel`` ``(D, Hkv, dv)``
+with biases ``(H, d)``, ``(Hkv, d)``, ``(Hkv, dv)``, ``out_kernel``
+``(H, dv, D)`` with bias ``(D,)`` — as ``nnx.MultiHeadAttention`` keeps them
+— and ``rel_k`` / ``rel_v`` tables of the canonical shape. Every shape comes
+from ``spec.param_shapes()`` (PARAM-1, HEAD-3, HEAD-4). Reshaping is the
+exact conversion to and from the canonical weights (contiguous heads,
+HEAD-1; PARAM-3).
 """
 
 from __future__ import annotations

@@ -183,6 +183,25 @@ def test_load_canonical_refuses_silent_casts():
         m.load_canonical(numpy_ref.init_params(spec, 0))
 
 
+def test_module_builds_grouped_heads_and_a_value_head_size_from_param_shapes():
+    """PARAM-1, PARAM-3 with HEAD-3 and HEAD-4: shapes from spec.param_shapes(), Flax's layout per head,
+    an exact round trip, and the reference's result under nnx.jit."""
+    spec = AttentionSpec(4, 2, num_kv_heads=2, value_head_dim=3, relative=Shaw(1, per_head=True), softcap=3.0)
+    m = jax_impl.MultiHeadAttention(spec, rngs=nnx.Rngs(0), dtype=jnp.float64)
+    params = m.canonical_params()
+    assert {n: a.shape for n, a in params.items()} == spec.param_shapes()
+    assert params["wk"].shape == (8, 4) and params["wv"].shape == (8, 6) and params["wo"].shape == (12, 8)
+    assert (m.k_kernel[...].shape, m.v_kernel[...].shape, m.out_kernel[...].shape) == ((8, 2, 2), (8, 2, 3), (4, 3, 8))
+    assert (m.k_bias[...].shape, m.v_bias[...].shape, m.rel_v[...].shape) == ((2, 2), (2, 3), (4, 3, 3))
+    ref_params = numpy_ref.init_params(spec, 4)
+    m.load_canonical(ref_params).eval()
+    for n, a in m.canonical_params().items():
+        assert a.tobytes() == ref_params[n].tobytes(), n
+    x = np.random.default_rng(4).normal(size=(2, 5, 8))
+    expected = numpy_ref.attention(spec, ref_params, x)
+    np.testing.assert_allclose(np.asarray(nnx.jit(lambda m, x: m(x))(m, jnp.asarray(x))), expected, rtol=0, atol=1e-12)
+
+
 # ---------------------------------------------------------------- interop
 @pytest.mark.parametrize("bias", [True, False])
 def test_flax_mha_round_trip_is_exact_and_computes_the_same(bias):
@@ -210,6 +229,36 @@ def test_interop_rejects_what_it_cannot_express():
         jax_impl.to_flax_mha(AttentionSpec(2, 2, scale=0.5), {})
     with pytest.raises(TypeError, match=re.escape("module: expected a flax.nnx.MultiHeadAttention, got Linear")):
         jax_impl.from_flax_mha(nnx.Linear(2, 2, rngs=nnx.Rngs(0)))
+
+
+def test_flax_mha_with_grouped_kv_heads_round_trips_exactly_and_computes_the_same():
+    """HEAD-3 <-> Flax's num_kv_heads: both group query head h over key/value head h // G."""
+    spec = AttentionSpec(4, 2, num_kv_heads=2)
+    params = numpy_ref.init_params(spec, 6)
+    mha = jax_impl.to_flax_mha(spec, params)
+    assert mha.num_kv_heads == 2 and mha.key.kernel[...].shape == (8, 2, 2)
+    spec2, back = jax_impl.from_flax_mha(mha)
+    assert spec2 == spec and all(np.array_equal(back[n], params[n]) for n in params)
+    x, kv = np.random.default_rng(0).normal(size=(2, 3, 8)), np.random.default_rng(1).normal(size=(2, 5, 8))
+    theirs = mha(jnp.asarray(x), jnp.asarray(kv), deterministic=True)
+    np.testing.assert_allclose(np.asarray(theirs), numpy_ref.attention(spec, params, x, kv), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "field, value, why",
+    [
+        ("value_head_dim", 3, "nnx.MultiHeadAttention has no value head size of its own (its query, key and value"),
+        ("softcap", 30.0, "nnx.MultiHeadAttention has no logit soft-capping; SOFTCAP-1"),
+        ("window", (4, 0), "nnx.MultiHeadAttention has no window on the distance (pass the window as its mask"),
+    ],
+    ids=["HEAD-4", "SOFTCAP-1", "WINDOW-1"],
+)
+def test_interop_rejects_the_options_flax_mha_cannot_express(field, value, why):
+    """nnx.MultiHeadAttention has one head size for q, k and v, no logit cap and no window (grouped heads it has)."""
+    spec = AttentionSpec(2, 2, num_kv_heads=1, **{field: value})
+    with pytest.raises(ValueError, match=re.escape(f"spec.{field}: expected None ({why}")) as e:
+        jax_impl.to_flax_mha(spec, numpy_ref.init_params(spec, 0))
+    assert str(e.value).endswith(f"got {value!r}")
 
 
 # ---------------------------------------------------------------- errors

@@ -176,6 +176,205 @@ def test_causal_query_tiles_at_a_length_that_splits_them_match_the_reference(rel
     check_every_kernel(spec_, numpy_ref.init_params(spec_, 1), inputs, (Xla(), Tiles(query_rows=128)))
 
 
+# ---------------------------------------------------------------- grouped heads, value head size, softcap, window
+# HEAD-3, HEAD-4, SOFTCAP-1 and WINDOW-1 are independent of each other, so each configuration below combines
+# several of them: JAX compiles one program per configuration (both kernels, forward and gradients), and
+# compilation is what these tests spend their time on.
+
+
+def check_kernels_tightly(spec_, params, inputs, dtype=np.float64, tol=1e-12, kernels_=KERNELS, seed=0):
+    """Every kernel against numpy_ref (out, weights, every gradient): max error <= tol * max(1, |truth|).
+
+    A fixed tolerance (float64 ~1e-12, float32 ~1e-5) instead of the naive emulation's budgets of
+    ``check_every_kernel``. Returns the float64 truth and the results per kernel, for exact checks.
+    """
+    g = np.random.default_rng(seed).normal(size=inputs["query"].shape)
+    kw = {n: a for n, a in inputs.items() if n not in ("query", "key", "value")}
+    out, weights = numpy_ref.attention(
+        spec_, params, inputs["query"], inputs["key"], inputs["value"], **kw, return_weights=True
+    )
+    grads = numpy_ref.attention_vjp(spec_, params, inputs["query"], inputs["key"], inputs["value"], g, **kw)
+    truth = {"out": out, "weights": weights, **{f"grad/{n}": a for n, a in grads.items()}}
+
+    def cast(n, a):
+        return jnp.asarray(a, dtype) if np.issubdtype(np.asarray(a).dtype, np.floating) else jnp.asarray(a)
+
+    diff = {n: cast(n, a) for n, a in inputs.items() if n in DIFF}
+    other = {n: cast(n, a) for n, a in inputs.items() if n not in DIFF}
+    results = _every_kernel(
+        spec_, kernels_, {n: cast(n, a) for n, a in params.items()}, diff, other, jnp.asarray(g, dtype)
+    )
+    for kernel, got in zip(kernels_, results):
+        assert sorted(got) == sorted(truth), kernel
+        for n, expected in truth.items():
+            error = tolerance.max_error(np.asarray(got[n], np.float64), expected)
+            limit = tol * max(1.0, float(np.max(np.abs(expected), initial=0.0)))
+            assert error <= limit, f"{kernel}: {n} off by {error:.3g} > {limit:.3g}"
+    return truth, results
+
+
+def _inputs(rng, spec_, Lq, Lk, B_=B):
+    D = spec_.model_dim
+    return {n: rng.normal(size=(B_, L, D)) for n, L in (("query", Lq), ("key", Lk), ("value", Lk))}
+
+
+def test_grouped_heads_value_head_size_shaw_values_softcap_bias_and_window_match_the_reference():
+    """HEAD-3 (Hkv = H / 2), HEAD-4 (dv != d, per-head Shaw values of dv columns), SOFTCAP-1 before a bias
+    with -inf entries (BIAS-2), WINDOW-1 on explicit positions with a query whose window holds no key
+    (MASK-5: its weights are exactly 0 and its output exactly bo), dropout (DROP-1): both kernels, float64.
+    """
+    spec_ = AttentionSpec(
+        4,
+        2,
+        num_kv_heads=2,
+        value_head_dim=3,
+        relative=Shaw(2, per_head=True),
+        softcap=1.5,
+        window=(1, 2),
+        dropout=0.25,
+    )
+    rng = np.random.default_rng(11)
+    Lq, Lk = 5, 6
+    inputs = _inputs(rng, spec_, Lq, Lk)
+    bias = rng.normal(size=(B, 4, Lq, Lk))
+    bias[0, 1, 2, 2] = bias[1, 3, 0, 1] = -np.inf  # allowed by the window, disallowed by the bias
+    inputs.update(bias=bias, q_positions=np.array([0, 1, 3, 4, 20]), dropout_keep=rng.random((B, 4, Lq, Lk)) < 0.75)
+    params = numpy_ref.init_params(spec_, 5)
+    truth, results = check_kernels_tightly(spec_, params, inputs)
+    assert truth["weights"][0, 1, 2, 2] == 0 and truth["weights"][1, 3, 0, 1] == 0
+    for got in results:
+        np.testing.assert_array_equal(np.asarray(got["weights"])[:, :, 4], 0.0)  # q_pos 20: no key within (1, 2)
+        np.testing.assert_array_equal(np.asarray(got["out"])[:, 4], np.broadcast_to(params["bo"], (B, 4 * 2)))
+        assert np.asarray(got["weights"])[0, 1, 2, 2] == 0 and np.asarray(got["weights"])[1, 3, 0, 1] == 0
+
+
+def test_multi_query_heads_with_a_causal_window_through_the_query_tiles_match_the_reference():
+    """HEAD-3 with Hkv = 1 (multi-query), HEAD-4 without a value table, SOFTCAP-1 on a Huang key term,
+    WINDOW-1 (1, None) with CAUSAL-1 at default positions: tiles cuts the queries (query_rows=2), and with
+    Lq = 5 > Lk + left the queries 3 and 4 have no key (MASK-5: exact zeros, no bias so the output is 0).
+    """
+    spec_ = AttentionSpec(
+        4,
+        2,
+        bias=False,
+        num_kv_heads=1,
+        value_head_dim=3,
+        relative=Huang(3),
+        softcap=2.0,
+        causal=True,
+        window=(1, None),
+    )
+    call = kernels.Call(B, 5, 2, True, False, False, False, True)
+    assert Tiles(query_rows=2).cuts_queries(spec_, call) and not Tiles.rows_nonempty(spec_, call)
+    rng = np.random.default_rng(12)
+    truth, results = check_kernels_tightly(spec_, numpy_ref.init_params(spec_, 6), _inputs(rng, spec_, 5, 2))
+    for got in results:
+        np.testing.assert_array_equal(np.asarray(got["weights"])[:, :, 3:], 0.0)
+        np.testing.assert_array_equal(np.asarray(got["out"])[:, 3:], 0.0)
+        assert np.isfinite(np.asarray(got["grad/rel_k"])).all()
+
+
+def test_decoding_with_a_window_and_grouped_heads_matches_the_reference():
+    """WINDOW-1 follows the positions (POS-3): Lq = 3 new queries at arange(Lk - Lq, Lk) against Lk = 8
+    cached keys, causal with window (2, 0) keeps each query's last three keys; HEAD-3 (Hkv = H / 2) with
+    dv < d and a shared Shaw table (rel_v of dv columns), no cap.
+    """
+    spec_ = AttentionSpec(4, 3, num_kv_heads=2, value_head_dim=2, relative=Shaw(1), causal=True, window=(2, 0))
+    rng = np.random.default_rng(13)
+    inputs = {**_inputs(rng, spec_, 3, 8), "q_positions": np.arange(5, 8)}
+    truth, _ = check_kernels_tightly(spec_, numpy_ref.init_params(spec_, 7), inputs)
+    allowed = np.zeros((3, 8), bool)
+    for i, q in enumerate(range(5, 8)):
+        allowed[i, q - 2 : q + 1] = True
+    assert ((truth["weights"] > 0) == allowed).all()
+
+
+def test_peer_options_through_the_query_tiles_match_the_reference_in_float32():
+    """float32 (within 1e-5): HEAD-3 (Hkv = H / 2), HEAD-4, per-head Shaw values, SOFTCAP-1, CAUSAL-1 with
+    WINDOW-1 (2, None) at default positions and dropout: tiles cuts the queries, every row keeps a key.
+    """
+    spec_ = AttentionSpec(
+        4,
+        2,
+        num_kv_heads=2,
+        value_head_dim=3,
+        relative=Shaw(2, per_head=True),
+        softcap=2.0,
+        causal=True,
+        window=(2, None),
+        dropout=0.25,
+    )
+    call = kernels.Call(B, 4, 4, True, False, False, True, True)
+    assert Tiles(query_rows=2).cuts_queries(spec_, call) and Tiles.rows_nonempty(spec_, call)
+    rng = np.random.default_rng(14)
+    inputs = {**_inputs(rng, spec_, 4, 4), "dropout_keep": rng.random((B, 4, 4, 4)) < 0.75}
+    check_kernels_tightly(spec_, numpy_ref.init_params(spec_, 8), inputs, dtype=np.float32, tol=1e-5)
+
+
+def test_tiles_drops_the_softmax_guard_only_where_a_window_leaves_every_causal_row_a_key():
+    """MASK-5 under CAUSAL-1 + WINDOW-1 at default positions: query i keeps a key iff i - left <= Lk - 1."""
+
+    def nonempty(window, Lq, Lk, **kw):
+        spec_ = AttentionSpec(1, 1, causal=True, window=window)
+        return Tiles.rows_nonempty(
+            spec_,
+            kernels.Call(
+                1,
+                Lq,
+                Lk,
+                **{
+                    **dict(default_positions=True, mask=False, bias=False, dropout_keep=False, return_weights=False),
+                    **kw,
+                },
+            ),
+        )
+
+    assert nonempty(None, 9, 3) and nonempty((None, 0), 9, 3) and nonempty((6, None), 9, 3)
+    assert not nonempty((5, None), 9, 3)  # query 8: keys 3.. only, and there are 3 keys
+    assert nonempty((0, 0), 4, 4) and not nonempty((0, 0), 5, 4)
+    assert not nonempty((1, None), 4, 4, mask=True)  # not a plain causal rule: the guard stays
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _worked_examples(kernels_):
+    """The worked examples of HEAD-3, SOFTCAP-1 and WINDOW-1 (spec/attention.md) through each kernel: one program."""
+    results = []
+    for kernel in kernels_:
+        # HEAD-3: four query heads, two key/value heads, d = 1; value features [1, 2] -> per-head values [1, 1, 2, 2]
+        s3 = AttentionSpec(num_heads=4, head_dim=1, num_kv_heads=2)
+        p3 = {n: jnp.asarray(a) for n, a in numpy_ref.identity_params(s3).items()}
+        p3["wv"] = jnp.asarray([[1.0, 0], [0, 1], [0, 0], [0, 0]])
+        head3 = jax_impl.attention(s3, p3, jnp.zeros((1, 1, 4)), jnp.asarray([[[1.0, 2, 0, 0]]]), implementation=kernel)
+        # SOFTCAP-1: one head, d = 1 (s = 1), query 1, keys (= values) 3 and 0: scores [3, 0] -> [tanh 3, 0]
+        # with c = 1; a -inf bias on key 1 still disallows it (the cap comes before the bias)
+        sc = AttentionSpec(num_heads=1, head_dim=1, softcap=1.0)
+        pc = {n: jnp.asarray(a) for n, a in numpy_ref.identity_params(sc).items()}
+        q, kv = jnp.ones((1, 1, 1)), jnp.asarray([[[3.0], [0.0]]])
+        capped = jax_impl.attention(sc, pc, q, kv, return_weights=True, implementation=kernel)[1]
+        minus_inf = jnp.asarray([0.0, -jnp.inf])
+        biased = jax_impl.attention(sc, pc, q, kv, bias=minus_inf, return_weights=True, implementation=kernel)[1]
+        # WINDOW-1: keys at 0, 1, 2; window (1, 0): a query at 2 attends keys 1 and 2, one at 5 none
+        sw = AttentionSpec(num_heads=1, head_dim=1, window=(1, 0))
+        pw = {n: jnp.asarray(a) for n, a in numpy_ref.identity_params(sw).items()}
+        kv3 = jnp.asarray([[[1.0], [2.0], [3.0]]])
+        q_positions = jnp.asarray([2, 5])
+        window = jax_impl.attention(
+            sw, pw, jnp.zeros((1, 2, 1)), kv3, q_positions=q_positions, return_weights=True, implementation=kernel
+        )[1]
+        results.append((head3, capped, biased, window))
+    return results
+
+
+def test_the_worked_examples_of_grouped_heads_softcap_and_window_hold_in_every_kernel():
+    """HEAD-3, SOFTCAP-1, BIAS-2, WINDOW-1, MASK-5: the spec's hand-checked values."""
+    w0 = np.exp(np.tanh(3.0)) / (np.exp(np.tanh(3.0)) + 1.0)  # softmax([tanh 3, 0])[0] = 0.7301
+    for kernel, (head3, capped, biased, window) in zip(KERNELS, _worked_examples(KERNELS)):
+        np.testing.assert_array_equal(np.asarray(head3)[0, 0], [1.0, 1.0, 2.0, 2.0], err_msg=str(kernel))
+        np.testing.assert_allclose(np.asarray(capped)[0, 0, 0], [w0, 1 - w0], rtol=0, atol=1e-15)
+        np.testing.assert_array_equal(np.asarray(biased)[0, 0, 0], [1.0, 0.0])  # not capped to -1: exactly 0
+        np.testing.assert_array_equal(np.asarray(window)[0, 0], [[0.0, 0.5, 0.5], [0.0, 0.0, 0.0]])
+
+
 # ---------------------------------------------------------------- the fast algorithms, exactly
 def _tile_delta(q_start: int, Lq: int, Lk: int):
     """POS-2 for default positions and the queries q_start .. q_start + Lq - 1: (1, Lq, Lk)."""

@@ -98,12 +98,23 @@ def to_numpy(x) -> np.ndarray:
 
 
 def allowed_mask(spec, inputs: dict, B: int, H: int, Lq: int, Lk: int):
-    """The boolean allowed-key mask (B, H, Lq, Lk) from mask and top-left causal (no positions)."""
+    """The boolean allowed-key mask (B, H, Lq, Lk) from the mask, top-left causal and the window.
+
+    Default positions only (no position input; POS-3): delta = j - i, so causal is j <= i (CAUSAL-1)
+    and the window -left <= j - i <= right (WINDOW-1, a None side unbounded).
+    """
     import jax.numpy as jnp
 
     allowed = jnp.ones((B, H, Lq, Lk), dtype=bool)
+    delta = jnp.arange(Lk)[None, :] - jnp.arange(Lq)[:, None]  # (Lq, Lk), POS-2 at default positions
     if spec.causal:
-        allowed = allowed & jnp.tril(jnp.ones((Lq, Lk), dtype=bool))
+        allowed = allowed & (delta <= 0)
+    if spec.window is not None:
+        left, right = spec.window
+        if left is not None:
+            allowed = allowed & (delta >= -left)
+        if right is not None:
+            allowed = allowed & (delta <= right)
     if inputs.get("mask") is not None:
         allowed = allowed & jnp.asarray(inputs["mask"])
     return allowed

@@ -4,7 +4,8 @@ Mapping (spec/comparison.md): the q/k/v kernels are (D, H, d) and the out
 kernel (H, d, D), so each is the canonical (D, D) weight reshaped, which is
 exact (contiguous heads, HEAD-1); the map is ``jax_impl.interop``'s. The mask
 is True = attend; causal masks are built top-left as ``nnx.make_causal_mask``
-does.
+does. Grouped key/value heads (HEAD-3) are its ``num_kv_heads``: key and
+value kernels (D, K, d), query head h reading key/value head h // G.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ def to_module(spec, params: dict):
     highest = _jax.matmul_precision(dtype.name) == "highest"
     m = nnx.MultiHeadAttention(
         num_heads=H,
+        num_kv_heads=spec.kv_heads,  # HEAD-3
         in_features=D,
         qkv_features=D,
         out_features=D,
@@ -73,7 +75,9 @@ class FlaxMHAAdapter(_jax.JaxAdapter):
         self.environment()
         return Capabilities(
             devices=_jax.devices(),
-            features=frozenset({"cross-attention", "no-projection-bias", "causal", "mask", "dropout-spec"}),
+            features=frozenset(
+                {"cross-attention", "no-projection-bias", "causal", "mask", "dropout-spec", "grouped-kv-heads"}
+            ),
             weights=False,
             unsupported=_jax.UNSUPPORTED,
             notes={
@@ -84,6 +88,9 @@ class FlaxMHAAdapter(_jax.JaxAdapter):
                 "huang": "no relative positions",
                 "mask-fill": "its own fill value",
                 "dropout-keep": "dropout from its Rngs",
+                "value-head-dim": "one head size, qkv_features // num_heads, for q, k and v",
+                "softcap": "no logit soft-capping option",
+                "window": "no window option (only a mask the caller builds)",
             },
         )
 

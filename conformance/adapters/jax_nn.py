@@ -1,8 +1,12 @@
 """``jax.nn.dot_product_attention`` with the canonical projections around it.
 
 Layout (B, T, N, H) — sequence before heads. Certifies the subset it
-supports: scale, boolean masks, bias, top-left causal. No relative
-positions, no keep masks, no weights.
+supports: scale, boolean masks, bias, top-left causal, grouped key/value
+heads (HEAD-3: K < N key heads, query head n reading key head n // G, as
+its (B, T, K, G, H) reshape does) and windows at default positions
+(WINDOW-1: ``local_window_size``, or inside the mask when one is given). No
+relative positions, no keep masks, no weights, no value head size of its own
+(its value must have the key's shape), no softcap.
 """
 
 from __future__ import annotations
@@ -17,6 +21,17 @@ from .base import Capabilities
 DENSE = ("query", "key", "value", "bias")
 
 
+def local_window(spec, Lq: int, Lk: int):
+    """WINDOW-1 as ``local_window_size=(left, right)``: key j allowed for query i iff i - left <= j <= i + right.
+
+    That is -left <= delta <= right at default positions (delta = j - i, POS-3). An unbounded side (None)
+    becomes max(Lq, Lk), which no distance between these queries and keys reaches.
+    """
+    if spec.window is None:
+        return None
+    return tuple(max(Lq, Lk) if side is None else side for side in spec.window)
+
+
 class JaxNNAdapter(_jax.JaxAdapter):
     name = "jax-nn"
     description = "jax.nn.dot_product_attention (xla) + canonical projections"
@@ -26,7 +41,17 @@ class JaxNNAdapter(_jax.JaxAdapter):
         return Capabilities(
             devices=_jax.devices(),
             features=frozenset(
-                {"cross-attention", "custom-scale", "no-projection-bias", "causal", "mask", "bias", "dropout-spec"}
+                {
+                    "cross-attention",
+                    "custom-scale",
+                    "no-projection-bias",
+                    "causal",
+                    "mask",
+                    "bias",
+                    "dropout-spec",
+                    "grouped-kv-heads",
+                    "window",
+                }
             ),
             weights=False,
             unsupported=_jax.UNSUPPORTED,
@@ -36,6 +61,8 @@ class JaxNNAdapter(_jax.JaxAdapter):
                 "huang": "no relative positions",
                 "mask-fill": "its own fill value",
                 "dropout-keep": "no dropout",
+                "value-head-dim": "value must have the key's shape (B, S, K, H): one head size for q, k and v",
+                "softcap": "no logit soft-capping option (nor a score hook to add one)",
             },
         )
 
@@ -46,7 +73,7 @@ class JaxNNAdapter(_jax.JaxAdapter):
         import jax
         import jax.numpy as jnp
 
-        H, d = spec.num_heads, spec.head_dim
+        H, Hkv, d = spec.num_heads, spec.kv_heads, spec.head_dim
 
         def f(t, mask):
             x = t["query"]
@@ -56,16 +83,24 @@ class JaxNNAdapter(_jax.JaxAdapter):
             Lk = key.shape[1]
             with jax.default_matmul_precision(precision):
 
-                def proj(a, w, b):
+                def proj(a, w, b, heads):
                     y = a @ t[w]
-                    return (y + t[b] if b in t else y).reshape(B, -1, H, d)  # (B, L, N, H)
+                    return (y + t[b] if b in t else y).reshape(B, -1, heads, d)  # (B, L, N|K, H)
 
-                q, k, v = proj(x, "wq", "bq"), proj(key, "wk", "bk"), proj(value, "wv", "bv")
+                q = proj(x, "wq", "bq", H)  # (B, T, N, H)
+                k, v = proj(key, "wk", "bk", Hkv), proj(value, "wv", "bv", Hkv)  # (B, S, K, H), HEAD-3
                 bias = t.get("bias")
                 if bias is not None:
                     bias = jnp.broadcast_to(bias, (B, H, Lq, Lk))
                 o = jax.nn.dot_product_attention(
-                    q, k, v, bias=bias, mask=mask, scale=spec.effective_scale, is_causal=spec.causal and not has_mask
+                    q,
+                    k,
+                    v,
+                    bias=bias,
+                    mask=mask,
+                    scale=spec.effective_scale,
+                    is_causal=spec.causal and not has_mask,
+                    local_window_size=None if has_mask else local_window(spec, Lq, Lk),
                 )
                 out = o.reshape(B, Lq, D) @ t["wo"]
                 return out + t["bo"] if "bo" in t else out

@@ -1,6 +1,7 @@
 """What a kernel is (KERN-1): a frozen description of *how* to compute, that says what it cannot compute.
 
-Axis legend (AXES-1): B, H, Lq, Lk, d; "(1|B, ...)" is an axis of size 1 or B.
+Axis legend (AXES-1): B, H, Lq, Lk, d; Hkv key/value heads (HEAD-3), dv the
+value head dim (HEAD-4); "(1|B, ...)" is an axis of size 1 or B.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ class Inputs(NamedTuple):
     """The arrays a kernel works on: after MASK-7, the projections and the head split."""
 
     q: Any  # (B, H, Lq, d)
-    k: Any  # (B, H, Lk, d)
-    v: Any  # (B, H, Lk, d)
-    q_positions: Any  # (1|B, Lq) int (POS-1), or None without causal rule and scheme
+    k: Any  # (B, Hkv, Lk, d): query head h reads key head h // G (HEAD-3)
+    v: Any  # (B, Hkv, Lk, dv) (HEAD-3, HEAD-4)
+    q_positions: Any  # (1|B, Lq) int (POS-1), or None without causal rule, window and scheme
     k_positions: Any  # (1|B, Lk) int, likewise
     delta: Any  # (1|B, Lq, Lk) int, k_pos - q_pos (POS-2), likewise
     allowed: Any  # bool broadcastable to (B, H, Lq, Lk) (MASK-4), or None: every key allowed
@@ -55,5 +56,5 @@ class Kernel:
         raise NotImplementedError
 
     def __call__(self, spec: AttentionSpec, params: dict, x: Inputs, call: Call):
-        """(o (B, H, Lq, d) in the query's dtype, weights (B, H, Lq, Lk) post-softmax, pre-dropout)."""
+        """(o (B, H, Lq, dv) in the query's dtype, weights (B, H, Lq, Lk) post-softmax, pre-dropout)."""
         raise NotImplementedError

@@ -10,6 +10,11 @@ q0 .. q1 - 1 attends the keys 0 .. q1 - 1 only: XLA never computes the
 keys after its last query (3/8 of the work at L = 1024 with 256 rows).
 Python unrolls this fixed tiling at trace time; there is no loop over
 positions at run time.
+
+A window (WINDOW-1) only narrows what causality allows, so the cut after a
+tile's last query stays exact; the keys before a window's left edge are
+masked, not skipped. Grouped key/value heads, a value head size and the
+cap (HEAD-3, HEAD-4, SOFTCAP-1) are ``attend``'s, the same in every tile.
 """
 
 from __future__ import annotations
@@ -51,8 +56,24 @@ class Tiles(Kernel):
 
     @staticmethod
     def plain_causal(spec: AttentionSpec, call: Call) -> bool:
-        """CAUSAL-1 alone, top-left (default positions, no mask, bias or mask_fill): key 0 is allowed for all."""
+        """CAUSAL-1 top-left (default positions, no mask, bias or mask_fill), a window (WINDOW-1) allowed.
+
+        Every key after query i is disallowed, so a tile of queries needs no key after its last query.
+        """
         return spec.causal and call.default_positions and not call.mask and not call.bias and spec.mask_fill is None
+
+    @classmethod
+    def rows_nonempty(cls, spec: AttentionSpec, call: Call) -> bool:
+        """A plain causal rule under which every query keeps an allowed key: no empty-row guard is needed.
+
+        Query i keeps key min(i, Lk - 1) unless a window's left bound cuts it
+        off: with window (left, _), query i has a key iff i - left <= Lk - 1
+        (MASK-5: the rows after that are empty and must give exact zeros).
+        """
+        if not cls.plain_causal(spec, call):
+            return False
+        left = None if spec.window is None else spec.window[0]
+        return left is None or call.Lq - 1 - left <= call.Lk - 1
 
     def cuts_queries(self, spec: AttentionSpec, call: Call) -> bool:
         """Whether the call is cut into query tiles: a plain causal rule and at least two tiles."""
@@ -64,7 +85,7 @@ class Tiles(Kernel):
         if hooks.qk_transform is not None:  # REL-3 (1): once, before any tile
             q, k = hooks.qk_transform(params, x.q, x.k, x.q_positions, x.k_positions)
             x = x._replace(q=q, k=k)
-        nonempty = self.plain_causal(spec, call)  # no row can be empty: no guard in the softmax
+        nonempty = self.rows_nonempty(spec, call)  # no row can be empty: no guard in the softmax
         if not self.cuts_queries(spec, call):
             return attend(spec, params, x, hooks, nonempty)
         parts = []
@@ -82,7 +103,8 @@ class Tiles(Kernel):
                 bias=None,
                 dropout_keep=cut(x.dropout_keep, q0, q1, k1),
             )
-            parts.append(attend(spec, params, tile, schemes.tiled_hooks(scheme, schemes.Tile(q0, True, True)), True))
+            tile_hooks = schemes.tiled_hooks(scheme, schemes.Tile(q0, True, True))
+            parts.append(attend(spec, params, tile, tile_hooks, nonempty))
         o = jnp.concatenate([o for o, _ in parts], axis=2)
         weights = jnp.concatenate([jnp.pad(w, [(0, 0)] * 3 + [(0, call.Lk - w.shape[-1])]) for _, w in parts], axis=2)
         return o, weights

@@ -1,9 +1,14 @@
 """The ``xla`` kernel: the readable baseline (KERN-1).
 
     q, k            = qk_transform(q, k)                              (REL-3 hook 1)
-    logits[b,h,i,j] = s * q_i . k_j + s_rel * key_term + scheme bias + bias      (SCALE-2..4)
+    score[b,h,i,j]  = s * q_i . k_j + s_rel * key_term                (SCALE-2, SCALE-3)
+    logits          = cap(score) + scheme bias + bias                 (SOFTCAP-1, SCALE-4)
     w               = masked softmax over the keys                    (SOFTMAX-1, MASK-5/6)
     o_i             = sum_j w'_ij v_j + value_term(w')_i,   w' = dropout(w)   (DROP-1, DROP-4)
+
+Query head h reads key/value head h // G (HEAD-3): the queries are grouped
+over the Hkv key/value heads inside the two einsums (``heads.scores``,
+``heads.weighted_values``), the key/value heads are never copied.
 
 Whole (B, H, Lq, Lk) logits and the schemes' plain hooks (a gather by
 relative index, a scatter-add): no skew, no bands, no query tiles. Every
@@ -17,12 +22,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
-import jax.numpy as jnp
-
 from spec import AttentionSpec
 
 from .. import schemes
-from ..masking import dropout, masked_softmax, stat_dtype
+from ..heads import scores, weighted_values
+from ..masking import dropout, masked_softmax, softcap, stat_dtype
 from ._base import Call, Inputs, Kernel
 
 
@@ -49,23 +53,27 @@ def attend(spec: AttentionSpec, params: dict, x: Inputs, hooks: schemes.Hooks, r
     ``rows_nonempty``: every query has an allowed key (the tiles kernel's plain
     causal rule), so the softmax needs no empty-row guard.
 
-    x.q (B, H, Lq, d), x.k and x.v (B, H, Lk, d) -> o (B, H, Lq, d) in the
-    query's dtype, weights (B, H, Lq, Lk) post-softmax and pre-dropout, in
-    the softmax dtype (float32 for the 16-bit dtypes, PREC-4). The hooks'
-    key term, bias and value term are applied in REL-3 order.
+    x.q (B, H, Lq, d), x.k (B, Hkv, Lk, d), x.v (B, Hkv, Lk, dv) -> o
+    (B, H, Lq, dv) in the query's dtype, weights (B, H, Lq, Lk) post-softmax
+    and pre-dropout, in the softmax dtype (float32 for the 16-bit dtypes,
+    PREC-4). The hooks' key term, bias and value term are applied in REL-3
+    order, the cap between the first two (SOFTCAP-1). Implements SCALE-2..4,
+    SOFTCAP-1, HEAD-3, HEAD-4, SOFTMAX-1, MASK-5, MASK-6, DROP-1, DROP-4.
     """
     dtype = x.q.dtype
     stat = stat_dtype(dtype)  # PREC-4
-    logits = jnp.einsum("bhid,bhjd->bhij", x.q, x.k).astype(stat) * spec.effective_scale  # SCALE-2
+    logits = scores(x.q, x.k).astype(stat) * spec.effective_scale  # SCALE-2, HEAD-3: (B, H, Lq, Lk)
     if hooks.key_term is not None:  # REL-3 (2), REL-1
         logits = logits + hooks.key_term(params, x.q, x.delta).astype(stat) * spec.relative_scale  # SCALE-3
+    if spec.softcap is not None:  # SOFTCAP-1: the score only, before every bias and mask
+        logits = softcap(logits, spec.softcap)
     if hooks.bias is not None:  # REL-3 (3): unscaled
         logits = logits + hooks.bias(params, x.delta).astype(stat)
     if x.bias is not None:
         logits = logits + x.bias.astype(stat)  # BIAS-1, never scaled (SCALE-4)
     weights = masked_softmax(logits, x.allowed, spec.mask_fill, rows_nonempty)  # SOFTMAX-1, MASK-5 / MASK-6
     dropped = dropout(weights, x.dropout_keep, spec.dropout)  # DROP-1
-    o = jnp.einsum("bhij,bhjd->bhid", dropped.astype(dtype), x.v)
+    o = weighted_values(dropped.astype(dtype), x.v)  # HEAD-3, HEAD-4: (B, H, Lq, dv)
     if hooks.value_term is not None:  # REL-3 (4), from the weights after dropout (DROP-4)
         o = o + hooks.value_term(params, dropped, x.delta).astype(dtype)
     return o, weights

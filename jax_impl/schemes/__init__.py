@@ -8,16 +8,16 @@ scheme's type or name.
 
 Hook protocol. ``params`` is the canonical dict; ``delta`` the integer
 distances k_pos - q_pos, (1|B, Lq, Lk) (POS-2); positions are (1|B, L)
-(POS-1). Axis legend (AXES-1): B, H, Lq, Lk, d. Applied in the order of
-REL-3:
+(POS-1). Axis legend (AXES-1): B, H, Lq, Lk, d; Hkv key/value heads
+(HEAD-3), dv the value head dim (HEAD-4). Applied in the order of REL-3:
 
 1. ``qk_transform(scheme, params, q, k, q_positions, k_positions) -> (q, k)``,
-   q (B, H, Lq, d), k (B, H, Lk, d), after the head split (RoPE);
+   q (B, H, Lq, d), k (B, Hkv, Lk, d), after the head split (RoPE);
 2. ``key_term(scheme, params, q, delta) -> (B, H, Lq, Lk)`` from the
    (transformed) q, before the factor s_rel that the kernel applies (SCALE-3);
 3. ``bias(scheme, params, delta) -> (1|B, 1|H, Lq, Lk)``, finite, added
    unscaled like the ``bias`` input (SCALE-4; ALiBi, T5, Swin);
-4. ``value_term(scheme, params, w, delta) -> (B, H, Lq, d)`` from the
+4. ``value_term(scheme, params, w, delta) -> (B, H, Lq, dv)`` from the
    weights after dropout w' (B, H, Lq, Lk) (DROP-4), added to ``w' @ v``.
 
 These plain hooks are the readable algorithms the ``xla`` kernel calls
@@ -83,10 +83,10 @@ class Tile(NamedTuple):
 class Hooks(NamedTuple):
     """One call's hooks, bound to the scheme (and a Tile); None for a kind the scheme does not use (REL-3)."""
 
-    qk_transform: Optional[Callable] = None  # (params, q, k, q_positions, k_positions) -> (q, k)
+    qk_transform: Optional[Callable] = None  # (params, q, k, q_positions, k_positions) -> (q, k), k (B, Hkv, Lk, d)
     key_term: Optional[Callable] = None  # (params, q, delta) -> (B, H, Lq, Lk), before s_rel
     bias: Optional[Callable] = None  # (params, delta) -> (1|B, 1|H, Lq, Lk)
-    value_term: Optional[Callable] = None  # (params, w', delta) -> (B, H, Lq, d)
+    value_term: Optional[Callable] = None  # (params, w', delta) -> (B, H, Lq, dv)
 
 
 NO_HOOKS = Hooks()

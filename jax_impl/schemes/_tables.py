@@ -22,11 +22,14 @@ def rows_logits(q, table):
 
 
 def rows_sum(buckets, table):
-    """S @ table per head (REL-2): (B, H, Lq, R) x (R, d) | (H, R, d) -> (B, H, Lq, d), in the table's dtype."""
+    """S @ table per head (REL-2): (B, H, Lq, R) x (R, c) | (H, R, c) -> (B, H, Lq, c), in the table's dtype.
+
+    c is the table's width: dv for a value table (HEAD-4).
+    """
     buckets = buckets.astype(table.dtype)
     if table.ndim == 2:
-        return jnp.einsum("bhir,rd->bhid", buckets, table)
-    return jnp.einsum("bhir,hrd->bhid", buckets, table)
+        return jnp.einsum("bhir,rc->bhic", buckets, table)
+    return jnp.einsum("bhir,hrc->bhic", buckets, table)
 
 
 def gather_rows(r, index):

@@ -15,7 +15,8 @@ Hooks (the protocol is in ``jax_impl.schemes``):
   gather and two masked row sums, no scatter), with explicit positions it
   scatters like ``value_term``.
 
-Axis legend (AXES-1): B, H, Lq, Lk, d.
+Axis legend (AXES-1): B, H, Lq, Lk, d; dv the value head dim (HEAD-4): rel_v
+has dv columns, rel_k d.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def key_term(scheme, params: dict, q, delta):
 def value_term(scheme, params: dict, w, delta):
     """SHAW-4: o_add[b, h, i] = sum_j w'_ij rel_v[idx_ij], from the weights after dropout (DROP-4).
 
-    w' (B, H, Lq, Lk), delta (1|B, Lq, Lk) -> (B, H, Lq, d) in the table's dtype.
+    w' (B, H, Lq, Lk), delta (1|B, Lq, Lk) -> (B, H, Lq, dv) in the table's dtype; rel_v is (R, dv) or
+    (H, R, dv), one table per query head (REL-2, HEAD-3, HEAD-4).
     """
     buckets = bucket_sums(w, shaw_index(delta, scheme.max_distance), scheme.num_rows)
     return rows_sum(buckets, params["rel_v"])
