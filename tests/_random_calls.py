@@ -1,4 +1,4 @@
-"""Random attention calls covering every option, for property-based tests.
+"""Random attention calls covering every option (the peer options included), for property-based tests.
 
 ``random_call(seed)`` draws a spec, parameters and every optional input from
 one integer, so hypothesis only has to search over integers and a failure
@@ -67,7 +67,23 @@ def random_spec(rng) -> AttentionSpec:
         causal=bool(rng.random() < 0.4),
         mask_fill=None if rng.random() < 0.75 else float(rng.choice([-1e9, -30.0, -2.5])),
         dropout=0.0 if rng.random() < 0.7 else float(rng.uniform(0.05, 0.6)),
+        **peer_options(rng, H),
     )
+
+
+def peer_options(rng, H: int) -> dict:
+    """HEAD-3, HEAD-4, SOFTCAP-1, WINDOW-1: each option drawn on its own, most calls without it."""
+    divisors = [k for k in range(1, H) if H % k == 0]
+    window = None
+    if rng.random() < 0.3:
+        left, right = (None if rng.random() < 0.3 else int(rng.integers(0, 4)) for _ in range(2))
+        window = (left, right) if (left, right) != (None, None) else (int(rng.integers(0, 4)), None)
+    return {
+        "num_kv_heads": int(rng.choice(divisors)) if divisors and rng.random() < 0.4 else None,
+        "value_head_dim": int(rng.integers(1, 5)) if rng.random() < 0.3 else None,
+        "softcap": float(rng.uniform(0.5, 5.0)) if rng.random() < 0.25 else None,
+        "window": window,
+    }
 
 
 def random_call(
