@@ -149,18 +149,26 @@ def run(
     return results
 
 
-def _run_cells(plan: Plan, directory: pathlib.Path, progress: Optional[Callable]) -> list:
-    """The checks of every cell, in matrix order (no deviations applied)."""
+def _run_cells(plan: Plan, directory: pathlib.Path, progress: Optional[Callable], by_case: bool = False) -> list:
+    """The checks of every cell, in matrix order, or with ``by_case`` every adapter of a case before the
+    next case (adapters that share compiled programs then find them); no deviations applied."""
     manifest = load_manifest(directory)
     cells = list(matrix(plan))
+    if by_case:
+        order = {c.id: n for n, c in enumerate(plan.cases)}
+        cells.sort(key=lambda cell: (cell[2], order[cell[4].id]))  # device, case; adapters in plan order
     loaded: dict = {}
     results: list = []
     envs = {}
-    previous = None
+    previous, used = None, []
     for adapter, caps, device, dtype, case, skip in cells:
-        if previous is not None and previous != (adapter, case.id):
-            previous[0].release()  # the previous case's compiled programs are not needed again
-        previous = (adapter, case.id)
+        if previous is not None and previous != case.id:
+            for a in used:
+                a.release()  # the previous case's compiled programs are not needed again
+            used = []
+        previous = case.id
+        if adapter not in used:
+            used.append(adapter)
         if progress:
             progress(adapter.name, device, dtype, case.id)
         if skip:
@@ -189,18 +197,33 @@ def _run_cells(plan: Plan, directory: pathlib.Path, progress: Optional[Callable]
         for r in CaseRun(case, entry, loaded[case.id], adapter, caps, dtype, device).run():
             r.environment = envs[adapter.name]
             results.append(r)
-    if previous is not None:
-        previous[0].release()
+    for a in used:
+        a.release()
     return results
 
 
-def _run_unit(name: str, case_ids: list, dtype: str, devices, directory: str, queue) -> list:
-    """One worker's share: every case of one adapter in one dtype."""
+def _run_unit(names: tuple, case_ids: list, dtype: str, devices, directory: str, queue) -> list:
+    """One worker's share: every case of one adapter (or of adapters sharing programs) in one dtype."""
     from .adapters import load_adapter
 
-    plan = Plan([load_adapter(name)], [BY_ID[i] for i in case_ids], [dtype], devices)
+    plan = Plan([load_adapter(n) for n in names], [BY_ID[i] for i in case_ids], [dtype], devices)
     step = None if queue is None else (lambda *cell: queue.put(cell))
-    return _run_cells(plan, pathlib.Path(directory), step)
+    return _run_cells(plan, pathlib.Path(directory), step, by_case=len(names) > 1)
+
+
+def _units(plan: Plan, names: list) -> list:
+    """Groups of adapter indices that run in one process: an adapter with the adapters it shares compiled
+    programs with (``shares_programs_with``), each other adapter alone; in plan order."""
+    index = {n: i for i, n in enumerate(names)}
+    groups, placed = [], set()
+    for i, adapter in enumerate(plan.adapters):
+        if i in placed:
+            continue
+        shared = [index[n] for n in getattr(adapter, "shares_programs_with", ()) if n in index]
+        group = sorted({i, *(j for j in shared if j not in placed)})
+        placed.update(group)
+        groups.append(tuple(group))
+    return groups
 
 
 def _run_parallel(plan: Plan, names: list, directory: pathlib.Path, progress, jobs: int) -> list:
@@ -218,8 +241,7 @@ def _run_parallel(plan: Plan, names: list, directory: pathlib.Path, progress, jo
             load_case(plan.cases[0].id, manifest["cases"][plan.cases[0].id], directory)
     os.environ.setdefault(_jax.CACHE_ENV, _jax._compilation_cache())  # one XLA cache for every worker
     dtypes = plan.dtypes or sorted({d for c in plan.cases for d in c.dtypes}, key=DTYPE_ORDER.index)
-    # adapters in plan order, so that jax:tiles finds the programs of jax (identical) compiled
-    units = [(i, name, dtype) for i, name in enumerate(names) for dtype in dtypes]
+    units = [(group, dtype) for group in _units(plan, names) for dtype in dtypes]
     context = multiprocessing.get_context("spawn")  # JAX and PyTorch hold threads: no fork
     manager = context.Manager() if progress else None
     q = manager.Queue() if manager else None
@@ -228,8 +250,11 @@ def _run_parallel(plan: Plan, names: list, directory: pathlib.Path, progress, jo
     try:
         with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
             futures = {
-                pool.submit(_run_unit, name, ids, dtype, plan.devices, str(directory), q): (i, dtype)
-                for i, name, dtype in units
+                pool.submit(_run_unit, tuple(names[i] for i in group), ids, dtype, plan.devices, str(directory), q): (
+                    group,
+                    dtype,
+                )
+                for group, dtype in units
             }
             pending = set(futures)
             while pending:
@@ -245,7 +270,7 @@ def _run_parallel(plan: Plan, names: list, directory: pathlib.Path, progress, jo
         if manager is not None:
             manager.shutdown()
     case_order = {i: n for n, i in enumerate(ids)}
-    results = [r for i, _, dtype in units for r in out[i, dtype]]
+    results = [r for group, dtype in units for r in out[group, dtype]]
     adapter_of = {a.name: i for i, a in enumerate(plan.adapters)}
     # matrix order: adapter, device, case, dtype (the sort is stable within a cell)
     results.sort(key=lambda r: (adapter_of.get(r.adapter, 0), r.device, case_order[r.case], DTYPE_ORDER.index(r.dtype)))

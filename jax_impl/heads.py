@@ -42,6 +42,8 @@ def scores(q, k):
     """
     B, H, Lq, d = q.shape
     Hkv = k.shape[1]
+    if Hkv == H:  # G = 1: the plain per-head product (XLA lowers no grouping reshapes)
+        return jnp.einsum("bhid,bhjd->bhij", q, k)
     grouped = q.reshape(B, Hkv, H // Hkv, Lq, d)  # (B, Hkv, G, Lq, d)
     return jnp.einsum("bkgid,bkjd->bkgij", grouped, k).reshape(B, H, Lq, k.shape[2])
 
@@ -53,5 +55,7 @@ def weighted_values(w, v):
     """
     B, H, Lq, Lk = w.shape
     Hkv = v.shape[1]
+    if Hkv == H:  # G = 1
+        return jnp.einsum("bhij,bhjc->bhic", w, v)
     grouped = w.reshape(B, Hkv, H // Hkv, Lq, Lk)  # (B, Hkv, G, Lq, Lk)
     return jnp.einsum("bkgij,bkjc->bkgic", grouped, v).reshape(B, H, Lq, v.shape[-1])

@@ -333,3 +333,29 @@ def test_stored_bfloat16_inputs_round_through_float32():
     assert float(generate.rounded(x, "bfloat16")[0]) == 1.0
     assert float(generate.rounded(x, "float32")[0]) == 1 + 2.0**-8
     assert float(generate.rounded(np.array([1 + 2.0**-11 + 2.0**-30]), "float16")[0]) == 1 + 2.0**-10
+
+
+def test_units_keep_adapters_that_share_programs_in_one_process():
+    """--jobs: ``jax`` runs beside ``jax:tiles`` (the kernel its automatic choice resolves to), others alone."""
+
+    class Plain:
+        pass
+
+    class Sharing:
+        shares_programs_with = ("tiles", "absent")
+
+    plan = runner.Plan([Plain(), Sharing(), Plain(), Plain()])
+    assert runner._units(plan, ["a", "auto", "xla", "tiles"]) == [(0,), (1, 3), (2,)]
+    assert runner._units(runner.Plan([Sharing()]), ["auto"]) == [(0,)]
+
+
+def test_parallel_run_gives_the_serial_results_in_the_same_order():
+    """--jobs N changes neither the results nor their order (one adapter per process here)."""
+    cases = [c for c in catalog.CASES if c.id in ("vanilla/cross/lq5-lk7", "peer/window/self/sliding-causal")]
+    names = ["numpy", "mutant/window-sign-flipped"]
+    adapters = [load_adapter(n) for n in names]
+    serial = runner.run(runner.Plan(adapters, cases=cases, dtypes=["float64"]), deviations=[])
+    parallel = runner.run(runner.Plan(adapters, cases=cases, dtypes=["float64"]), deviations=[], jobs=2, names=names)
+    key = lambda r: (r.adapter, r.case, r.dtype, r.check, r.status, r.margin)  # noqa: E731
+    assert [key(r) for r in parallel] == [key(r) for r in serial]
+    assert any(r.failed for r in serial) and any(r.status == "pass" for r in serial)

@@ -2,6 +2,13 @@
 
 One adapter per kernel (KERN-1): ``jax`` lets ``jax_impl.attention`` choose
 (``implementation=None``), ``jax:xla`` / ``jax:tiles`` pin one kernel.
+
+``jax_impl.attention`` uses ``implementation`` in one place, ``kernels.resolve``;
+``jax`` asks the same function which kernel ``None`` resolves to for the
+call and passes that kernel's name, so that its program is the one
+``jax:tiles`` compiles for the case (the runner keeps the two in one
+process: ``shares_programs_with``) instead of a second trace and lowering of
+the same computation.
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ class JaxImplAdapter(_jax.JaxAdapter):
     name = "jax"
     description = "jax_impl.attention under jax.jit (kernel chosen automatically), gradients by jax.vjp"
     implementation: ClassVar[Optional[str]] = None
+    #: adapters whose compiled programs this one reuses when they run in the same process
+    shares_programs_with: ClassVar[tuple] = ("jax:tiles",)
 
     def capabilities(self):
         self.environment()
@@ -64,9 +73,32 @@ class JaxImplAdapter(_jax.JaxAdapter):
 
         return jax.jit(fwd_vjp, static_argnames="omitted")
 
+    def kernel_name(self, spec, inputs) -> Optional[str]:
+        """The ``implementation=`` this adapter passes: its own, or for ``jax`` the name of the kernel
+        (with its default knobs) that ``kernels.resolve(None, ...)`` picks for both calls of the case
+        (with and without weights); None where it picks different ones (KERN-1)."""
+        if self.implementation is not None:
+            return self.implementation
+        from jax_impl import kernels
+
+        x = inputs["query"]
+        B, Lq, Lk = x.shape[0], x.shape[1], inputs.get("key", x).shape[1]
+        facts = dict(
+            default_positions="q_positions" not in inputs and "k_positions" not in inputs,
+            mask="mask" in inputs,
+            bias="bias" in inputs,
+            dropout_keep="dropout_keep" in inputs,
+        )
+        calls = [kernels.Call(B, Lq, Lk, **facts, return_weights=w) for w in (True, False)]
+        chosen = {kernels.resolve(None, spec, c) for c in calls}
+        if len(chosen) != 1:
+            return None
+        (kernel,) = chosen
+        return kernel.name if kernel == kernels.resolve(kernel.name, spec, calls[0]) else None
+
     def _run(self, spec, params, inputs, grad_out, device):
         x = inputs["query"]
-        fn = self._compiled(spec, _jax.matmul_precision(x.dtype.name), self.implementation)
+        fn = self._compiled(spec, _jax.matmul_precision(x.dtype.name), self.kernel_name(spec, inputs))
         # A vjp call carries explicit copies (of the query for self-attention, of the key for an
         # omitted value); recognising them lets the forward and the gradients of a case share one
         # compiled program.
