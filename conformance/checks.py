@@ -81,6 +81,14 @@ def with_explicit_kv(inputs: dict) -> dict:
     return out
 
 
+def index_window(window: tuple, Lq: int, Lk: int) -> np.ndarray:
+    """WINDOW-1 on indices (the default positions, delta = j - i): the (Lq, Lk) band -left <= j - i <= right,
+    a None bound unbounded."""
+    left, right = window
+    d = np.arange(Lk)[None, :] - np.arange(Lq)[:, None]
+    return (d >= -(Lq + Lk if left is None else left)) & (d <= (Lq + Lk if right is None else right))
+
+
 def twin_inputs(kind: str, case: Case, inputs: dict) -> dict:
     """TWIN inputs: another way of passing the same layer's inputs."""
     B, H, Lq, Lk = case.dims.B, case.spec.num_heads, case.dims.Lq, case.dims.Lk
@@ -95,10 +103,8 @@ def twin_inputs(kind: str, case: Case, inputs: dict) -> dict:
         tril = np.tril(np.ones((Lq, Lk), dtype=bool))
         out["mask"] = tril if "mask" not in inputs else np.logical_and(inputs["mask"], tril)
         return out
-    if kind == "window-as-mask":  # WINDOW-1 with default positions: -left <= j - i <= right
-        left, right = case.spec.window
-        d = np.arange(Lk)[None, :] - np.arange(Lq)[:, None]
-        band = (d >= -(Lq + Lk if left is None else left)) & (d <= (Lq + Lk if right is None else right))
+    if kind == "window-as-mask":  # WINDOW-1 with default positions
+        band = index_window(case.spec.window, Lq, Lk)
         out["mask"] = band if "mask" not in inputs else np.logical_and(inputs["mask"], band)
         return out
     if kind == "mask-full-rank":  # MASK-1

@@ -24,6 +24,7 @@ from spec import Shaw
 
 from .adapters.base import Capabilities
 from .adapters.numpy_ref_adapter import KWARGS, NumpyRefAdapter
+from .checks import index_window
 
 
 def _scheme(spec) -> str:
@@ -884,10 +885,7 @@ class WindowFromIndices(Mutant):
     def forward(self, spec, params, inputs, *, device, need_weights):
         if spec.window is not None:
             B, H, Lq, Lk = _defaults(spec, inputs)
-            left, right = spec.window
-            d = np.arange(Lk)[None, :] - np.arange(Lq)[:, None]
-            band = (d >= -(left if left is not None else Lq + Lk)) & (d <= (right if right is not None else Lq + Lk))
-            spec, inputs = replace(spec, window=None), _and_mask(inputs, band)
+            spec, inputs = replace(spec, window=None), _and_mask(inputs, index_window(spec.window, Lq, Lk))
         return super().forward(spec, params, inputs, device=device, need_weights=need_weights)
 
 

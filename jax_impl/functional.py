@@ -69,14 +69,14 @@ def attention(
     B, Lq, Lk = _checks.check(spec, params, query, key, value, mask, bias, q_positions, k_positions, dropout_keep)
     if spec.relative is not None:
         schemes.module_for(spec.relative)  # REL-4: a scheme jax_impl does not implement is a ValueError
-    call = kernels.Call(
-        B,
-        Lq,
-        Lk,
-        default_positions=q_positions is None and k_positions is None,
-        mask=mask is not None,
-        bias=bias is not None,
-        dropout_keep=dropout_keep is not None,
+    call = kernels.Call.of(
+        query,
+        key,
+        mask=mask,
+        bias=bias,
+        q_positions=q_positions,
+        k_positions=k_positions,
+        dropout_keep=dropout_keep,
         return_weights=return_weights,
     )
     kernel = kernels.resolve(implementation, spec, call)  # KERN-1

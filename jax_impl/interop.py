@@ -19,8 +19,6 @@ theirs. Grouped key/value heads (HEAD-3) convert both ways: Flax's
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -107,29 +105,13 @@ FLAX_MHA_LACKS = {
 }
 
 
-def require_flax_mha_expressible(spec: AttentionSpec) -> None:
-    """A ``ValueError`` naming the field and why, for the AttentionSpec options nnx.MultiHeadAttention lacks.
-
-    HEAD-4, SOFTCAP-1 and WINDOW-1 first (Flax's own reasons), then the
-    generic ``require_plain_attention`` (relative positions, scale,
-    mask_fill) for everything but num_kv_heads, which Flax has (HEAD-3).
-    """
-    if not isinstance(spec, AttentionSpec):
-        raise TypeError(f"spec: expected an AttentionSpec, got {type(spec).__name__}")
-    for field, (rule, why) in FLAX_MHA_LACKS.items():
-        value = getattr(spec, field)
-        if value is not None:
-            raise fail_value(f"spec.{field}", f"None ({why}; {rule})", repr(value))
-    require_plain_attention(dataclasses.replace(spec, num_kv_heads=None), "nnx.MultiHeadAttention")
-
-
 def to_flax_mha(spec: AttentionSpec, params: dict, *, rngs: nnx.Rngs = None) -> nnx.MultiHeadAttention:
     """An ``nnx.MultiHeadAttention`` (dtype of ``params``, full-precision matmuls) holding them exactly.
 
     ``spec.num_kv_heads`` (HEAD-3) becomes Flax's ``num_kv_heads``; what
-    Flax cannot express is a ``ValueError`` (``require_flax_mha_expressible``).
+    Flax cannot express is a ``ValueError`` (``FLAX_MHA_LACKS``, then ``require_plain_attention``).
     """
-    require_flax_mha_expressible(spec)
+    require_plain_attention(spec, "nnx.MultiHeadAttention", lacks=FLAX_MHA_LACKS, has=("num_kv_heads",))
     dtype = np.dtype(params["wq"].dtype)
     m = nnx.MultiHeadAttention(
         num_heads=spec.num_heads,

@@ -87,9 +87,9 @@ def run(spec: AttentionSpec, call: Call) -> Trace:
         value = np.where(dead[..., None], 0.0, value)
 
     q = split_heads(project(call.query, p["wq"], p.get("bq")), H)  # (B, H, Lq, d)
-    G = spec.group_size  # HEAD-3: Hkv key/value heads, each read by G query heads
-    k = repeat_kv_heads(split_heads(project(key, p["wk"], p.get("bk")), H // G), G)  # (B, H, Lk, d)
-    v = repeat_kv_heads(split_heads(project(value, p["wv"], p.get("bv")), H // G), G)  # (B, H, Lk, dv), HEAD-4
+    Hkv, G = spec.kv_heads, spec.group_size  # HEAD-3: Hkv key/value heads, each read by G query heads
+    k = repeat_kv_heads(split_heads(project(key, p["wk"], p.get("bk")), Hkv), G)  # (B, H, Lk, d)
+    v = repeat_kv_heads(split_heads(project(value, p["wv"], p.get("bv")), Hkv), G)  # (B, H, Lk, dv), HEAD-4
     saved: dict = {}
     if hooks.uses("qk_transform"):  # REL-3 (1): after the head split, before any logit
         q, k, saved["qk_transform"] = hooks.call("qk_transform", p, q, k, ctx)

@@ -231,12 +231,22 @@ def check_arguments(
     return dims
 
 
-def require_plain_attention(spec: AttentionSpec, target: str) -> None:
+def require_plain_attention(spec: AttentionSpec, target: str, *, lacks: Optional[dict] = None, has=()) -> None:
     """For conversions to a framework's own layer: no relative scheme, default scale, no mask_fill,
-    none of the peer options (HEAD-3, HEAD-4, SOFTCAP-1, WINDOW-1)."""
+    none of the peer options (HEAD-3, HEAD-4, SOFTCAP-1, WINDOW-1).
+
+    ``lacks`` maps a field to ``(rule, why)``, the target's own reason (checked
+    first); ``has`` names the fields the target expresses itself (Flax's
+    ``num_kv_heads``).
+    """
     if not isinstance(spec, AttentionSpec):
         raise TypeError(f"spec: expected an AttentionSpec, got {type(spec).__name__}")
+    lacks = lacks or {}
     fields = ("relative", "scale", "mask_fill", "num_kv_heads", "value_head_dim", "softcap", "window")
-    for field, value in ((f, getattr(spec, f)) for f in fields):
-        if value is not None:
-            raise fail_value(f"spec.{field}", f"None ({target} cannot express it)", repr(value))
+    for field in [*lacks, *(f for f in fields if f not in lacks and f not in has)]:
+        value = getattr(spec, field)
+        if value is None:
+            continue
+        rule, why = lacks.get(field, (None, None))
+        expected = f"None ({why}; {rule})" if why else f"None ({target} cannot express it)"
+        raise fail_value(f"spec.{field}", expected, repr(value))

@@ -80,7 +80,8 @@ def from_torch_mha(module: nn.MultiheadAttention):
     return spec, canonical_of(module)
 
 
-#: What nn.MultiheadAttention lacks for each peer option of AttentionSpec: field -> (rule, why).
+#: What nn.MultiheadAttention lacks for each peer option of AttentionSpec: field -> (rule, why), its own
+#: reasons for ``require_plain_attention`` (relative positions, scale and mask_fill get the generic one).
 MHA_LACKS = {
     "num_kv_heads": ("HEAD-3", "nn.MultiheadAttention has no grouped key/value heads"),
     "value_head_dim": (
@@ -96,20 +97,6 @@ MHA_LACKS = {
 }
 
 
-def require_mha_expressible(spec: AttentionSpec) -> None:
-    """A ``ValueError`` naming the field and why, for the AttentionSpec options nn.MultiheadAttention lacks.
-
-    HEAD-3, HEAD-4, SOFTCAP-1 and WINDOW-1 first (the torch layer's own
-    reasons), then the generic ``require_plain_attention`` (relative
-    positions, scale, mask_fill).
-    """
-    for field, (rule, why) in MHA_LACKS.items():
-        value = getattr(spec, field)
-        if value is not None:
-            raise fail_value(f"spec.{field}", f"None ({why}; {rule})", repr(value))
-    require_plain_attention(spec, "nn.MultiheadAttention")
-
-
 _DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -121,7 +108,7 @@ def to_torch_mha(spec: AttentionSpec, params: dict, device=None) -> nn.Multihead
     """
     if not isinstance(spec, AttentionSpec):
         raise TypeError(f"spec: expected an AttentionSpec, got {type(spec).__name__}")
-    require_mha_expressible(spec)
+    require_plain_attention(spec, "nn.MultiheadAttention", lacks=MHA_LACKS)  # HEAD-3, HEAD-4, SOFTCAP-1, WINDOW-1 first
     wq = params["wq"]
     dtype = wq.dtype if isinstance(wq, torch.Tensor) else _DTYPES[wq.dtype.name]
     D, H = spec.model_dim, spec.num_heads

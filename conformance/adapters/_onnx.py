@@ -25,7 +25,7 @@ import collections
 
 import numpy as np
 
-from .base import Adapter, Capabilities
+from .base import PLAIN_FEATURES, Adapter, Capabilities
 
 #: The opset of every model: Attention-23 has no window attributes; Attention-25 adds
 #: left_window_size / right_window_size (WINDOW-1). A model without a window is still
@@ -37,20 +37,7 @@ WEIGHTS_MODE = 3
 #: How many models an adapter keeps between calls (one case uses a few signatures: weights or not, twins).
 CACHE_SIZE = 16
 
-FEATURES = frozenset(
-    {
-        "cross-attention",
-        "custom-scale",
-        "no-projection-bias",
-        "causal",
-        "mask",
-        "bias",
-        "grouped-kv-heads",
-        "value-head-dim",
-        "softcap",
-        "window",
-    }
-)
+FEATURES = PLAIN_FEATURES | {"grouped-kv-heads", "value-head-dim", "softcap", "window"}
 NOTES = {
     "positions": "no position input; is_causal and the window are aligned top-left without a cache",
     "shaw": "no relative positions",

@@ -65,6 +65,9 @@ FEATURES = frozenset(
         "validates-input",
     }
 )
+#: What a fused vanilla attention call with the canonical projections around it takes (SDPA, jax.nn, ONNX's
+#: Attention): the base of those adapters' feature sets.
+PLAIN_FEATURES = frozenset({"cross-attention", "custom-scale", "no-projection-bias", "causal", "mask", "bias"})
 #: Checks that only the reference's own entry points promise, declared by its adapter alone (not in the
 #: default feature set): BIAS-2's rejection of NaN and +inf in ``bias`` ("elsewhere they give an
 #: unspecified result"), and the argument checks of ``numpy_ref.attention_vjp`` (a framework's gradient

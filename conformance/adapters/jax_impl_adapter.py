@@ -81,15 +81,8 @@ class JaxImplAdapter(_jax.JaxAdapter):
             return self.implementation
         from jax_impl import kernels
 
-        x = inputs["query"]
-        B, Lq, Lk = x.shape[0], x.shape[1], inputs.get("key", x).shape[1]
-        facts = dict(
-            default_positions="q_positions" not in inputs and "k_positions" not in inputs,
-            mask="mask" in inputs,
-            bias="bias" in inputs,
-            dropout_keep="dropout_keep" in inputs,
-        )
-        calls = [kernels.Call(B, Lq, Lk, **facts, return_weights=w) for w in (True, False)]
+        given = {n: inputs.get(n) for n in ("key", "mask", "bias", "q_positions", "k_positions", "dropout_keep")}
+        calls = [kernels.Call.of(inputs["query"], **given, return_weights=w) for w in (True, False)]
         chosen = {kernels.resolve(None, spec, c) for c in calls}
         if len(chosen) != 1:
             return None

@@ -16,7 +16,7 @@ import functools
 import numpy as np
 
 from . import _jax
-from .base import Capabilities
+from .base import PLAIN_FEATURES, Capabilities
 
 DENSE = ("query", "key", "value", "bias")
 
@@ -40,19 +40,7 @@ class JaxNNAdapter(_jax.JaxAdapter):
         self.environment()
         return Capabilities(
             devices=_jax.devices(),
-            features=frozenset(
-                {
-                    "cross-attention",
-                    "custom-scale",
-                    "no-projection-bias",
-                    "causal",
-                    "mask",
-                    "bias",
-                    "dropout-spec",
-                    "grouped-kv-heads",
-                    "window",
-                }
-            ),
+            features=PLAIN_FEATURES | {"dropout-spec", "grouped-kv-heads", "window"},
             weights=False,
             unsupported=_jax.UNSUPPORTED,
             notes={

@@ -11,7 +11,7 @@ no weights returned.
 from __future__ import annotations
 
 from . import _torch
-from .base import Capabilities
+from .base import PLAIN_FEATURES, Capabilities
 
 
 class TorchSDPAAdapter(_torch.TorchAdapter):
@@ -21,20 +21,7 @@ class TorchSDPAAdapter(_torch.TorchAdapter):
     def capabilities(self):
         return Capabilities(
             devices=_torch.devices(),
-            features=frozenset(
-                {
-                    "cross-attention",
-                    "custom-scale",
-                    "no-projection-bias",
-                    "causal",
-                    "mask",
-                    "bias",
-                    "dropout-spec",
-                    "grouped-kv-heads",
-                    "value-head-dim",
-                    "window",
-                }
-            ),
+            features=PLAIN_FEATURES | {"dropout-spec", "grouped-kv-heads", "value-head-dim", "window"},
             weights=False,
             notes={
                 "positions": "no position input; is_causal is top-left",

@@ -23,6 +23,31 @@ class Call(NamedTuple):
     dropout_keep: bool  # a keep mask came (DROP-1)
     return_weights: bool
 
+    @classmethod
+    def of(
+        cls,
+        query,
+        key=None,
+        *,
+        mask=None,
+        bias=None,
+        q_positions=None,
+        k_positions=None,
+        dropout_keep=None,
+        return_weights=False,
+    ) -> "Call":
+        """The facts of a call with these arguments (arrays of any framework: only shapes and presence count)."""
+        return cls(
+            query.shape[0],
+            query.shape[1],
+            (query if key is None else key).shape[1],
+            default_positions=q_positions is None and k_positions is None,
+            mask=mask is not None,
+            bias=bias is not None,
+            dropout_keep=dropout_keep is not None,
+            return_weights=return_weights,
+        )
+
 
 class Inputs(NamedTuple):
     """The arrays a kernel works on: after MASK-7, the projections and the head split."""
