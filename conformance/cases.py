@@ -148,7 +148,10 @@ class Positions:
     anywhere); ``gapped-queries`` (runs of consecutive queries with one gap
     of 3, default keys); ``constant`` (every query at one position, every key
     at another); ``unsigned`` (unsorted uint8 positions, shape (L,): POS-1
-    allows any integer dtype, and ``k - q`` must not wrap around).
+    allows any integer dtype, and ``k - q`` must not wrap around); ``far``
+    (contiguous runs starting near 2**17, keys a few positions off the
+    queries: where angles made in float32 or positions held in 16 bits go
+    wrong, ROPE-9).
     """
 
     kind: str
@@ -166,6 +169,7 @@ class Positions:
         "gapped-queries",
         "constant",
         "unsigned",
+        "far",
     )
 
     def draw(self, rng, dims: Dims, H: int) -> dict:
@@ -211,6 +215,12 @@ class Positions:
                 "q_positions": rng.integers(0, Lk + 3, size=Lq).astype(np.uint8),
                 "k_positions": rng.integers(0, Lk + 3, size=Lk).astype(np.uint8),
             }
+        if self.kind == "far":
+            start = 2**17 + int(rng.integers(0, 64))
+            return {
+                "q_positions": np.arange(Lq, dtype=np.int64) + start,
+                "k_positions": np.arange(Lk, dtype=np.int64) + start + int(rng.integers(-3, 4)),
+            }
         if self.kind == "constant":
             return {"q_positions": np.full(Lq, 1, dtype=np.int64), "k_positions": np.full(Lk, 4, dtype=np.int64)}
         raise ValueError(f"Positions.kind: expected one of {', '.join(self.KINDS)}, got {self.kind!r}")
@@ -236,16 +246,18 @@ class Keep:
 class Twin:
     """Another way of calling the same layer that must give the same result.
 
-    ``spec`` replaces the case's spec (the parameters stay as they are);
-    ``inputs`` names a transformation of the drawn inputs (see
-    ``conformance.checks.TWIN_INPUTS``). Used for equivalences the rules imply
-    (HUANG-5, POS-4, CAUSAL-1, MASK-1, BIAS-2).
+    ``spec`` replaces the case's spec; ``inputs`` names a transformation of
+    the drawn inputs and ``params`` one of the parameters (see
+    ``conformance.checks.twin_inputs`` and ``twin_params``). Used for
+    equivalences the rules imply (HUANG-5, POS-4, CAUSAL-1, MASK-1, BIAS-2,
+    ROPE-8).
     """
 
     name: str
     rules: tuple
     spec: Optional[AttentionSpec] = None
     inputs: str = "same"
+    params: str = "same"
 
 
 @dataclass(frozen=True)
@@ -264,6 +276,9 @@ class Case:
     error_inputs: Optional[str] = None  # which bad input (see checks.ERROR_INPUTS)
     notes: str = ""
     extra_features: frozenset = field(default_factory=frozenset)
+    # ROPE-10, POS-3: a causal self-attention case also decoded as a prefill of this many queries, then one
+    # query per step, against a static cache of Lk slots (unwritten slots zero and beyond every query)
+    decode_from: Optional[int] = None
 
     @property
     def seed(self) -> int:
@@ -308,6 +323,10 @@ class Case:
         if self.expect_error:
             f.add("validates-input")
         return frozenset(f)
+
+    def decoding_features(self) -> frozenset:
+        """What the prefill-and-steps check (``decode_from``) needs besides the case's own features."""
+        return self.features() | {"cross-attention", "positions"}
 
     def draw(self, rng) -> dict:
         """Draw the optional inputs of this case (not the dense ones)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from spec import AttentionSpec, Huang, Shaw, profiles
+from spec import AttentionSpec, Huang, Rope, Shaw, profiles
 
 from .cases import Bias, Case, Dims, Keep, Mask, Positions, Twin
 
@@ -29,6 +29,7 @@ CORE = (
 REL = ("REL-1", "REL-2", "REL-3", "REL-4", "SCALE-3")
 SHAW = ("SHAW-1", "SHAW-2", "SHAW-3", "SHAW-4")
 HUANG = ("HUANG-1", "HUANG-2", "HUANG-4")
+ROPE = ("REL-3", "ROPE-1", "ROPE-3", "ROPE-4", "ROPE-5", "ROPE-6", "ROPE-9")
 
 V = AttentionSpec(num_heads=2, head_dim=4)
 S2 = AttentionSpec(num_heads=2, head_dim=4, relative=Shaw(2))
@@ -666,6 +667,138 @@ def _cases() -> list[Case]:
             CROSS,
             # (B, L) positions: the window follows each batch element's own distances
             recipes=(Mask("B1QK"), Keep(), Positions("random-per-batch")),
+        )
+    )
+
+    # ------------------------------------------------------------------ RoPE (ROPE-1..ROPE-16)
+    R = AttentionSpec(num_heads=2, head_dim=8, relative=Rope())
+    RI = replace(R, relative=Rope(layout="interleaved"))
+    add(
+        Case(
+            "rope/half/self/basic",
+            CORE + ROPE + ("PARAM-3",),
+            R,
+            D6,
+            self_attention=True,
+            # ROPE-8: the same layer in the other layout, with its q/k weights permuted, is the same layer
+            twins=(Twin("interleaved-permuted", ("ROPE-8",), RI, params="rope-layout"),),
+        )
+    )
+    add(
+        Case(
+            "rope/interleaved/cross/lq5-lk7",
+            CORE + ROPE,
+            RI,
+            CROSS,
+            twins=(Twin("half-permuted", ("ROPE-8",), R, params="rope-layout"),),
+        )
+    )
+    # ROPE-2: 4 of 8 channels rotate, frequencies over r = 4; a small theta turns every pair visibly
+    add(
+        Case(
+            "rope/half/cross/partial-r4-theta100",
+            ROPE + ("ROPE-2",),
+            replace(R, relative=Rope(theta=100.0, rotary_dim=4)),
+            CROSS,
+            twins=(Twin("interleaved-permuted", ("ROPE-8", "ROPE-2"), replace(R, relative=Rope(theta=100.0, rotary_dim=4, layout="interleaved")), params="rope-layout"),),
+        )
+    )
+    add(
+        Case(
+            "rope/interleaved/self/partial-r6-causal-bias",
+            ROPE + ("ROPE-2", "CAUSAL-1", "BIAS-1"),
+            replace(R, relative=Rope(rotary_dim=6, layout="interleaved"), causal=True),
+            D6,
+            self_attention=True,
+            recipes=(Bias("B1QK"),),
+        )
+    )
+    # the scaling constructors: explicit frequencies (and YaRN's attention factor, ROPE-7)
+    add(
+        Case(
+            "rope/linear/cross/factor4-shifted",
+            ROPE + ("ROPE-12", "POS-4"),
+            replace(R, relative=Rope.linear(4.0, rotary_dim=8)),
+            CROSS,
+            recipes=(Positions("shifted"),),
+        )
+    )
+    add(
+        Case(
+            "rope/ntk/cross/alpha3-no-projection-bias",
+            ROPE + ("ROPE-13", "PROJ-1"),
+            replace(R, relative=Rope.ntk(3.0, rotary_dim=8), bias=False),
+            CROSS,
+        )
+    )
+    add(
+        Case(
+            "rope/yarn/cross/factor8-decoding",
+            ROPE + ("ROPE-14", "ROPE-7", "ROPE-10", "POS-3", "CAUSAL-1"),
+            replace(R, relative=Rope.yarn(8.0, 16, rotary_dim=8), causal=True),
+            Dims(2, 3, 8),
+            recipes=(Positions("bottom-right"),),
+        )
+    )
+    add(
+        Case(
+            "rope/llama3/self/factor8-far",
+            ROPE + ("ROPE-15",),
+            replace(R, relative=Rope.llama3(8.0, 1.0, 4.0, 32, rotary_dim=8)),
+            D6,
+            self_attention=True,
+            recipes=(Positions("far"),),
+        )
+    )
+    # Gemma's proportional rotation: all 8 channels pair over r = 8, only the first pair turns
+    add(
+        Case(
+            "rope/proportional/cross/quarter-masked",
+            ROPE + ("ROPE-16", "ROPE-4", "MASK-1", "MASK-5"),
+            replace(R, relative=Rope.proportional(0.25, rotary_dim=8)),
+            CROSS,
+            recipes=(Mask("B1QK", empty_rows=1),),
+        )
+    )
+    # ROPE-9: positions near 2**17, where an angle made in float32 is off by about 1e-2 radians and a
+    # position rounded to bfloat16 is off by up to 512
+    add(
+        Case(
+            "rope/half/cross/offset-2p17",
+            ROPE + ("POS-1",),
+            replace(R, relative=Rope(theta=500.0)),
+            CROSS,
+            recipes=(Positions("far"),),
+        )
+    )
+    add(
+        Case(
+            "rope/interleaved/cross/per-batch-positions-gqa",
+            ROPE + ("POS-1", "HEAD-3", "ROPE-7"),
+            AttentionSpec(num_heads=4, head_dim=4, num_kv_heads=2, relative=Rope(layout="interleaved", attention_factor=1.25)),
+            CROSS,
+            recipes=(Positions("random-per-batch"),),
+        )
+    )
+    add(
+        Case(
+            "rope/half/cross/decoding-gqa-mask-dropout",
+            ROPE + ("POS-3", "CAUSAL-1", "HEAD-3", "MASK-1", "DROP-1", "ROPE-10"),
+            AttentionSpec(num_heads=4, head_dim=4, num_kv_heads=1, causal=True, dropout=0.25, relative=Rope()),
+            Dims(2, 3, 8),
+            recipes=(Positions("bottom-right"), Mask("B11K", dead_keys=1), Keep()),
+        )
+    )
+    # ROPE-10: a prefill of 4 queries, then 5 steps of one query each against a static cache of 9 slots,
+    # equal to the full causal forward
+    add(
+        Case(
+            "rope/half/self/prefill-then-steps",
+            ROPE + ("ROPE-10", "POS-3", "CAUSAL-1", "MASK-7"),
+            replace(R, causal=True, relative=Rope(rotary_dim=6)),
+            Dims(2, 9, 9),
+            self_attention=True,
+            decode_from=4,
         )
     )
 

@@ -17,6 +17,8 @@ from typing import Optional
 
 import numpy as np
 
+from spec import rope_permutation
+
 from .cases import Case, Mask, Positions
 
 POISONS = {"dead-keys/nan": np.nan, "dead-keys/large": 1e4}
@@ -118,6 +120,46 @@ def twin_inputs(kind: str, case: Case, inputs: dict) -> dict:
         "twin inputs: expected same, shift-positions, causal-as-mask, window-as-mask, mask-full-rank or "
         f"mask-as-bias, got {kind!r}"
     )
+
+
+def twin_params(kind: str, case: Case, twin, params: dict) -> dict:
+    """TWIN parameters: the same layer's parameters in another form."""
+    if kind == "same":
+        return params
+    if kind == "rope-layout":  # ROPE-8: q/k weights permuted within each head's rotary channels
+        old, new = case.spec, twin.spec
+        r = old.relative.rotated(old.head_dim)
+        out = dict(params)
+        for name, heads in (("q", old.num_heads), ("k", old.kv_heads)):
+            perm = np.asarray(rope_permutation(heads, old.head_dim, r))
+            if new.relative.layout == "interleaved":  # half -> interleaved is the inverse permutation
+                perm = np.argsort(perm)
+            out["w" + name] = params["w" + name][:, perm]
+            if "b" + name in params:
+                out["b" + name] = params["b" + name][perm]
+        return out
+    raise ValueError(f"twin params: expected same or rope-layout, got {kind!r}")
+
+
+def decoding_calls(case: Case, inputs: dict) -> list:
+    """ROPE-10, POS-3: a prefill of ``case.decode_from`` queries, then one query per step, each against a
+    static cache of Lk slots whose unwritten rows are zero (beyond every query: causality removes them)."""
+    x, L = inputs["query"], case.dims.Lq
+    calls, start = [], 0
+    for stop in [case.decode_from] + list(range(case.decode_from + 1, L + 1)):
+        cache = x.copy()
+        cache[:, stop:] = 0
+        calls.append(
+            {
+                "query": x[:, start:stop],
+                "key": cache,
+                "value": cache,
+                "q_positions": np.arange(start, stop, dtype=np.int64),
+                "k_positions": np.arange(L, dtype=np.int64),
+            }
+        )
+        start = stop
+    return calls
 
 
 def twin_case(case: Case, twin) -> Case:
@@ -291,6 +333,7 @@ class CaseRun:
         self.run_exact(result)
         self.run_poison(result)
         self.run_twins()
+        self.run_decoding()
         if self.caps.gradients:
             self.run_gradients()
         self.run_hooks()
@@ -419,11 +462,29 @@ class CaseRun:
                 continue
             try:
                 inputs = twin_inputs(twin.inputs, self.case, self.inputs)
-                result = self.forward(inputs, spec=twin.spec, need_weights=False)
+                params = twin_params(twin.params, self.case, twin, self.params)
+                result = self.forward(inputs, params=params, spec=twin.spec, need_weights=False)
             except Exception as e:
                 self.add(check, "fail", twin.rules, message=_exception(e))
                 continue
             self.judge(check, twin.rules, result.get("out"), "out")
+
+    def run_decoding(self):
+        """ROPE-10, POS-3: prefill then one query per step against a static cache equals the full forward."""
+        case = self.case
+        if case.decode_from is None:
+            return
+        check, rules = "decode/prefill-then-steps", ("ROPE-10", "POS-3", "CAUSAL-1", "MASK-7")
+        missing = case.decoding_features() - self.caps.features
+        if missing:
+            self.add(check, "skip", rules, message=f"needs {', '.join(sorted(missing))}")
+            return
+        try:
+            rows = [self.forward(c, need_weights=False)["out"] for c in decoding_calls(case, self.inputs)]
+        except Exception as e:
+            self.add(check, "fail", rules, message=_exception(e))
+            return
+        self.judge(check, rules, np.concatenate([np.asarray(r) for r in rows], axis=1), "out")
 
     def run_gradients(self):
         # gradients of clean inputs: GRAD-1..3 and the exact zeros of fully masked rows (MASK-5)

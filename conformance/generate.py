@@ -184,10 +184,12 @@ def manifest_entry(case: Case, tensors: dict, budgets: dict) -> dict:
                 "name": t.name,
                 "rules": list(t.rules),
                 "inputs": t.inputs,
+                "params": t.params,
                 "spec": None if t.spec is None else spec_to_json(t.spec),
             }
             for t in case.twins
         ],
+        "decode_from": case.decode_from,
         "expect_error": case.expect_error,
         "error_inputs": case.error_inputs,
         "seed": case.seed,
@@ -291,6 +293,7 @@ def verify(directory: pathlib.Path = GOLDEN_DIR, cases=CASES, progress=None, noi
             "dtypes",
             "features",
             "twins",
+            "decode_from",
             "expect_error",
             "error_inputs",
             "seed",

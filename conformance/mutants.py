@@ -20,7 +20,8 @@ from numpy_ref.forward import context, project
 from numpy_ref.heads import merge_heads, split_heads
 from numpy_ref.masking import allowed_keys, dead_keys, masked_softmax, relative_distance, softcap
 from numpy_ref.relative import as_4d, gather_logits
-from spec import Shaw
+from spec import Rope, Shaw
+from spec.rope import base_frequencies
 
 from .adapters.base import Capabilities
 from .adapters.numpy_ref_adapter import KWARGS, NumpyRefAdapter
@@ -889,6 +890,119 @@ class WindowFromIndices(Mutant):
         return super().forward(spec, params, inputs, device=device, need_weights=need_weights)
 
 
+# --------------------------------------------------------------------------- RoPE (ROPE-1..ROPE-9)
+def _rope(spec):
+    """The spec's Rope, or None."""
+    return spec.relative if isinstance(spec.relative, Rope) else None
+
+
+def _pair_swap(spec, heads: int) -> np.ndarray:
+    """The column permutation that swaps the two channels of every rotated pair (ROPE-3), per head."""
+    rope, d = spec.relative, spec.head_dim
+    half = rope.rotated(d) // 2
+    within = np.arange(d)
+    c = np.arange(half)
+    first, second = (c, c + half) if rope.layout == "half" else (2 * c, 2 * c + 1)
+    within[first], within[second] = second, first
+    return (np.arange(heads)[:, None] * d + within).ravel()
+
+
+class RopeLayoutsSwapped(Mutant):
+    rule = "ROPE-3"
+    description = "RoPE pairs (c, c + r/2) read as (2c, 2c + 1), or the other way round"
+    scheme = "rope"
+
+    def mutate_spec(self, spec):
+        rope = _rope(spec)
+        if rope is None:
+            return spec
+        return replace(spec, relative=replace(rope, layout="interleaved" if rope.layout == "half" else "half"))
+
+
+class RopeConjugateRotation(Mutant):
+    rule = "ROPE-5"
+    description = "RoPE turns each pair by minus its angle (the conjugate rotation, x sin and y sin signs swapped)"
+    scheme = "rope"
+
+    # R(-a) = S R(a) S for the swap S of a pair's two channels, and S is orthogonal: turning S q and S k
+    # by +a gives the logits that turning q and k by -a gives. So: the q/k weight columns of each pair swapped.
+    def mutate_params(self, spec, params):
+        if _rope(spec) is None:
+            return params
+        for name, heads in (("q", spec.num_heads), ("k", spec.kv_heads)):
+            perm = _pair_swap(spec, heads)
+            params["w" + name] = params["w" + name][:, perm]
+            if "b" + name in params:
+                params["b" + name] = params["b" + name][perm]
+        return params
+
+
+class RopeFrequenciesOverHeadDim(Mutant):
+    rule = "ROPE-4"
+    description = "partial RoPE with frequencies theta^(-2c/d) over the head size, not over the rotated channels"
+    scheme = "rope"
+
+    def mutate_spec(self, spec):
+        rope = _rope(spec)
+        if rope is None or rope.inv_freq is not None or rope.rotated(spec.head_dim) == spec.head_dim:
+            return spec
+        r = rope.rotated(spec.head_dim)
+        return replace(spec, relative=replace(rope, inv_freq=base_frequencies(rope.theta, spec.head_dim)[: r // 2]))
+
+
+class RopeAttentionFactorOnce(Mutant):
+    rule = "ROPE-7"
+    description = "RoPE's attention factor applied to q only, so the logits get af instead of af**2"
+    scheme = "rope"
+
+    def mutate_params(self, spec, params):
+        rope = _rope(spec)
+        if rope is None or rope.attention_factor == 1.0:
+            return params
+        d, r = spec.head_dim, rope.rotated(spec.head_dim)
+        rotated = (np.arange(spec.kv_heads)[:, None] * d + np.arange(r)).ravel()
+        for name in ("wk", "bk"):
+            if name in params:
+                t = params[name].copy()
+                t[..., rotated] = t[..., rotated] / rope.attention_factor
+                params[name] = t
+        return params
+
+
+class RopePositionsInBfloat16(Mutant):
+    rule = "ROPE-9"
+    description = "RoPE positions held in bfloat16 (positions 256..263 become 256, 256, 258, 260, ...)"
+    scheme = "rope"
+
+    def mutate_inputs(self, spec, inputs):
+        if _rope(spec) is None:
+            return inputs
+        import ml_dtypes
+
+        for name in ("q_positions", "k_positions"):
+            if inputs.get(name) is not None:
+                p = np.asarray(inputs[name])
+                inputs[name] = p.astype(np.float64).astype(ml_dtypes.bfloat16).astype(np.float64).astype(p.dtype)
+        return inputs
+
+
+class RopeValuesRotated(_RecombinedMutant):
+    rule = "ROPE-1"
+    description = "RoPE applied to v as well as to q and k"
+    scheme = "rope"
+
+    def applies(self, spec, inputs):
+        return _rope(spec) is not None and spec.v_head_dim == spec.head_dim
+
+    def forward(self, spec, params, inputs, *, device, need_weights):
+        if not self.applies(spec, inputs):
+            return Mutant.forward(self, spec, params, inputs, device=device, need_weights=need_weights)
+        lg = _logits(spec, params, inputs)
+        _, lg.v, _ = lg.hooks.call("qk_transform", lg.call.params, lg.v, lg.v, replace(lg.ctx, q_positions=lg.ctx.k_positions))
+        result = _finish(spec, lg, self.weights(spec, lg))
+        return result if need_weights else {"out": result["out"]}
+
+
 def killed_by_rule(rule: str, results: list) -> list:
     """The (case, check) pairs that failed and claim ``rule``: what kills a mutant of that rule.
 
@@ -964,6 +1078,12 @@ MUTANTS = {
         WindowSignFlipped,
         WindowBoundsExclusive,
         WindowFromIndices,
+        RopeLayoutsSwapped,
+        RopeConjugateRotation,
+        RopeFrequenciesOverHeadDim,
+        RopeAttentionFactorOnce,
+        RopePositionsInBfloat16,
+        RopeValuesRotated,
     )
 }
 for _n, _c in MUTANTS.items():

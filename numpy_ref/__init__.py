@@ -11,5 +11,6 @@ from . import definition
 from .backward import attention_vjp
 from .forward import attention
 from .params import identity_params, init_params
+from .schemes.rope import apply_rope
 
-__all__ = ["attention", "attention_vjp", "init_params", "identity_params", "definition", "SPEC_VERSION"]
+__all__ = ["attention", "attention_vjp", "apply_rope", "init_params", "identity_params", "definition", "SPEC_VERSION"]

@@ -13,6 +13,7 @@ from importlib import resources
 from . import profiles
 from .core import SPEC_VERSION, AttentionSpec
 from .huang import Huang
+from .rope import Rope, dynamic_ntk_alpha, rope_permutation
 from .schemes import HOOKS, Scheme, register, scheme_classes, scheme_from_json, unregister
 from .shaw import Shaw
 
@@ -20,6 +21,9 @@ __all__ = [
     "AttentionSpec",
     "Shaw",
     "Huang",
+    "Rope",
+    "rope_permutation",
+    "dynamic_ntk_alpha",
     "Scheme",
     "HOOKS",
     "register",

@@ -20,12 +20,13 @@ from ._fields import require_int as _require_int
 from ._fields import require_real as _require_real
 from ._fields import type_name as _type_name
 from .huang import Huang
+from .rope import Rope
 from .schemes import Scheme, scheme_classes
 from .shaw import Shaw
 
-__all__ = ["AttentionSpec", "Shaw", "Huang", "SPEC_VERSION"]
+__all__ = ["AttentionSpec", "Shaw", "Huang", "Rope", "SPEC_VERSION"]
 
-SPEC_VERSION = "1.3.0"
+SPEC_VERSION = "1.4.0"
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class AttentionSpec:
         head_dim: d >= 1 [HEAD-1]; the model dim is D = H * d.
         bias: whether the projections carry biases bq, bk, bv, bo [PROJ-1, OUT-1].
         scale: the logit scale s; None means 1 / sqrt(d) [SCALE-1].
-        relative: None or a registered position scheme (``Shaw``, ``Huang``) [REL-1, REL-3].
+        relative: None or a registered position scheme (``Shaw``, ``Huang``, ``Rope``) [REL-1, REL-3].
         scale_relative: whether the relative key term is multiplied by s [SCALE-3].
         causal: key j is allowed for query i iff k_pos[j] - q_pos[i] <= 0 [CAUSAL-1].
         mask_fill: None for exact zeros at disallowed keys [MASK-5]; a finite
@@ -115,6 +116,8 @@ class AttentionSpec:
             object.__setattr__(self, "softcap", cap)
         if self.window is not None:
             object.__setattr__(self, "window", _require_window(S, self.window))
+        if self.relative is not None:
+            self.relative.check_sizes(self.num_heads, self.head_dim, self.v_head_dim)  # REL-3 (e.g. ROPE-2)
 
     @property
     def model_dim(self) -> int:

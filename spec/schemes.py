@@ -49,6 +49,12 @@ class Scheme:
         """
         raise NotImplementedError
 
+    def check_sizes(self, num_heads: int, head_dim: int, value_head_dim: int) -> None:
+        """Raise ValueError when this configuration cannot serve heads of these sizes (REL-3).
+
+        ``AttentionSpec`` calls it once, at construction; the default accepts every size.
+        """
+
     @property
     def hooks(self) -> frozenset:
         """The hook kinds (from HOOKS) this configuration uses."""

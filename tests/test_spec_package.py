@@ -12,12 +12,12 @@ from spec import SPEC_VERSION, AttentionSpec, Huang, Shaw, profiles
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RULE_REF = re.compile(
-    r"\b(AXES|SHAPE|INPUT|PARAM|PROJ|HEAD|OUT|SCALE|POS|CAUSAL|MASK|BIAS|SOFTMAX|SOFTCAP|WINDOW|DROP|REL|SHAW|HUANG|GRAD|PREC|KERN|VER|PROF)-(\d+)\b"
+    r"\b(AXES|SHAPE|INPUT|PARAM|PROJ|HEAD|OUT|SCALE|POS|CAUSAL|MASK|BIAS|SOFTMAX|SOFTCAP|WINDOW|DROP|REL|SHAW|HUANG|ROPE|GRAD|PREC|KERN|VER|PROF)-(\d+)\b"
 )
 
 
 def test_version_is_semver():
-    assert SPEC_VERSION == "1.3.0"
+    assert SPEC_VERSION == "1.4.0"
     assert re.fullmatch(r"\d+\.\d+\.\d+", SPEC_VERSION)
 
 
@@ -123,9 +123,9 @@ def test_scheme_registry_errors_name_what_was_expected():
 
     with pytest.raises(ValueError, match=r"register: scheme name 'shaw' is taken by Shaw"):
         spec.register(Clash)
-    with pytest.raises(ValueError, match=r"unregister: expected a registered scheme name \(huang, shaw\), got 'nope'"):
+    with pytest.raises(ValueError, match=r"unregister: expected a registered scheme name \(huang, rope, shaw\), got 'nope'"):
         spec.unregister("nope")
-    with pytest.raises(ValueError, match=r"scheme: expected one of \['huang', 'shaw'\], got 'nope'"):
+    with pytest.raises(ValueError, match=r"scheme: expected one of \['huang', 'rope', 'shaw'\], got 'nope'"):
         spec.scheme_from_json({"scheme": "nope"})
     assert spec.scheme_from_json(spec.Shaw(3, per_head=True).to_json()) == spec.Shaw(3, per_head=True)
 

@@ -28,6 +28,11 @@ and inputs use; see ``conformance.cases.Case.features``):
     value-head-dim       AttentionSpec.value_head_dim != head_dim (HEAD-4)
     softcap              AttentionSpec.softcap (SOFTCAP-1)
     window               AttentionSpec.window (WINDOW-1)
+    rope                 Rope, the half layout, r = d, attention factor 1 (ROPE-1..ROPE-9)
+    rope-interleaved     Rope(layout="interleaved") (ROPE-3)
+    rope-partial         Rope with its own rotary_dim or inv_freq: r may differ from d,
+                         frequencies may be any (ROPE-2, ROPE-4)
+    rope-attention-factor  Rope.attention_factor != 1 (ROPE-7)
     validates-input      rejects bad arguments per INPUT-1 (error cases)
     rejects-bad-bias-values, validates-vjp-input
                          the reference's own checks (REFERENCE_FEATURES, not in the default set)
@@ -62,6 +67,10 @@ FEATURES = frozenset(
         "value-head-dim",
         "softcap",
         "window",
+        "rope",
+        "rope-interleaved",
+        "rope-partial",
+        "rope-attention-factor",
         "validates-input",
     }
 )

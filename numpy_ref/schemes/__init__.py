@@ -66,7 +66,10 @@ __all__ = [
 ]
 
 #: scheme name -> its numpy_ref module (a dotted module path, imported on first use, or a module object).
-REGISTRY = ModuleRegistry("numpy_ref", {"shaw": "numpy_ref.schemes.shaw", "huang": "numpy_ref.schemes.huang"})
+REGISTRY = ModuleRegistry(
+    "numpy_ref",
+    {"shaw": "numpy_ref.schemes.shaw", "huang": "numpy_ref.schemes.huang", "rope": "numpy_ref.schemes.rope"},
+)
 
 #: The functions a module must define for each hook kind its scheme uses (REL-3).
 VECTOR_FUNCTIONS = {kind: (kind, kind + "_vjp") for kind in HOOKS}

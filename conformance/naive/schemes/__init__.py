@@ -7,7 +7,7 @@ registered ones.
 
 from __future__ import annotations
 
-from . import huang, shaw  # noqa: F401  (importing registers them)
+from . import huang, rope, shaw  # noqa: F401  (importing registers them)
 from .base import NaiveScheme, hooks_for, register, registered
 
 __all__ = ["NaiveScheme", "hooks_for", "register", "registered"]

@@ -1,0 +1,169 @@
+"""The attention around an outside RoPE: canonical projections, the library's rotation, a plain core.
+
+An outside RoPE (Hugging Face's ``apply_rotary_pos_emb``, torchtune's
+``RotaryPositionalEmbeddings``, keras-hub's ``RotaryEmbedding``, ...) is only
+the q/k transform of REL-3 (1). Its adapter hands this module a
+``rotate(x, positions)`` built from the library, and this module does the
+rest in plain framework operations written from the spec: the projections
+(PROJ-1), the head split (HEAD-1, HEAD-3), the scaled logits (SCALE-2), the
+bias (BIAS-1), the allowed keys from the mask, causality and the positions
+(MASK-4, CAUSAL-1, POS-2), a softmax with exact zeros (MASK-5), the keep
+mask (DROP-1), the values and the output projection (OUT-1). So a
+deviation such an adapter reports is the library's rotation's, nothing
+else's.
+
+``rotate(x, positions) -> x'``: x (B, heads, L, d) in the input dtype,
+positions an int64 array (1|B, L) (POS-1); the rotated q or k of the same
+shape. Axis legend (AXES-1): B, H, Lq, Lk, D, d; Hkv key/value heads.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import PLAIN_FEATURES
+
+#: What the glue computes besides the rotation (the adapters add their RoPE features).
+GLUE_FEATURES = PLAIN_FEATURES | {"positions", "grouped-kv-heads", "value-head-dim", "dropout-keep"}
+
+
+def positions(inputs: dict, name: str, length: int) -> np.ndarray:
+    """POS-1: the (1|B, L) int64 positions of ``inputs[name]``, arange(L) when absent."""
+    p = inputs.get(name)
+    p = np.arange(length) if p is None else np.asarray(p)
+    return np.asarray(p, dtype=np.int64).reshape((-1, length))
+
+
+# ---------------------------------------------------------------------- torch
+def torch_forward(spec, t: dict, inputs: dict, rotate, *, need_weights: bool):
+    """out (B, Lq, D) [and weights (B, H, Lq, Lk)] from the tensors ``t`` (params and query/key/value)."""
+    import torch
+
+    x = t["query"]
+    key = t.get("key", x)
+    value = t.get("value", key)
+    B, Lq, _ = x.shape
+    Lk = key.shape[1]
+    H, Hkv, G = spec.num_heads, spec.kv_heads, spec.group_size
+
+    def proj(a, w, b, heads):  # PROJ-1, HEAD-1: (B, L, heads * c) -> (B, heads, L, c)
+        y = a @ t[w]
+        y = y + t[b] if b in t else y
+        return y.view(B, a.shape[1], heads, -1).transpose(1, 2)
+
+    qp, kp = positions(inputs, "q_positions", Lq), positions(inputs, "k_positions", Lk)
+    q = rotate(proj(x, "wq", "bq", H), qp)  # REL-3 (1)
+    k = rotate(proj(key, "wk", "bk", Hkv), kp)
+    v = proj(value, "wv", "bv", Hkv)
+    k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)  # HEAD-3: contiguous groups
+    logits = spec.effective_scale * (q @ k.transpose(-1, -2))  # SCALE-2
+    allowed = torch.ones((B, H, Lq, Lk), dtype=torch.bool, device=x.device)
+    if "bias" in t:  # BIAS-1, BIAS-2
+        logits = logits + t["bias"]
+        allowed = allowed & (t["bias"] != -torch.inf)
+    if spec.causal:  # CAUSAL-1 on the positions' distance (POS-2)
+        delta = torch.from_numpy(kp[:, None, :] - qp[:, :, None]).to(x.device)
+        allowed = allowed & (delta <= 0)[:, None]
+    if inputs.get("mask") is not None:
+        allowed = allowed & torch.from_numpy(np.asarray(inputs["mask"])).to(x.device)
+    stat = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype  # PREC-4
+    z = torch.where(allowed, logits.to(stat), -torch.inf)
+    peak = z.amax(-1, keepdim=True).nan_to_num(0.0, neginf=0.0).detach()
+    e = torch.where(allowed, torch.exp(z - peak), 0.0)
+    total = e.sum(-1, keepdim=True)
+    w = torch.where(total > 0, e / torch.where(total > 0, total, 1.0), 0.0)  # MASK-5: empty rows are 0
+    dropped = w
+    if inputs.get("dropout_keep") is not None:  # DROP-1
+        keep = torch.from_numpy(np.asarray(inputs["dropout_keep"])).to(x.device)
+        dropped = torch.where(keep, w / (1.0 - spec.dropout), 0.0)
+    o = (dropped @ v.to(stat)).to(x.dtype)  # (B, H, Lq, dv)
+    out = o.transpose(1, 2).reshape(B, Lq, -1) @ t["wo"]  # OUT-1
+    out = out + t["bo"] if "bo" in t else out
+    return (out, w.to(x.dtype)) if need_weights else (out, None)
+
+
+def torch_run(spec, params: dict, inputs: dict, device: str, rotate, *, need_weights: bool, grad_out=None):
+    """forward, or with ``grad_out`` the gradients of <out, grad_out> by autograd (GRAD-1)."""
+    import torch
+
+    from . import _torch
+
+    skip = ("mask", "q_positions", "k_positions", "dropout_keep")
+    wanted = grad_out is not None
+    t = {n: _torch.to_torch(a, device, requires_grad=wanted) for n, a in {**params, **inputs}.items() if n not in skip}
+    out, weights = torch_forward(spec, t, inputs, rotate, need_weights=need_weights and not wanted)
+    if not wanted:
+        res = {"out": _torch.to_numpy(out)}
+        if need_weights:
+            res["weights"] = _torch.to_numpy(weights)
+        return res
+    names = list(t)
+    grads = torch.autograd.grad(out, [t[n] for n in names], _torch.to_torch(grad_out, device), allow_unused=True)
+    return {n: _torch.to_numpy(g if g is not None else torch.zeros_like(t[n])) for n, g in zip(names, grads)}
+
+
+# ------------------------------------------------------------------------ jax
+def jax_forward(spec, t: dict, inputs: dict, rotate, *, need_weights: bool):
+    """The JAX twin of ``torch_forward``; ``t`` holds jax arrays."""
+    import jax
+    import jax.numpy as jnp
+
+    x = t["query"]
+    key = t.get("key", x)
+    value = t.get("value", key)
+    B, Lq, _ = x.shape
+    Lk = key.shape[1]
+    H, Hkv, G = spec.num_heads, spec.kv_heads, spec.group_size
+    hi = "highest" if x.dtype in (jnp.float32, jnp.float64) else None
+
+    def proj(a, w, b, heads):
+        y = jnp.matmul(a, t[w], precision=hi)
+        y = y + t[b] if b in t else y
+        return y.reshape(B, a.shape[1], heads, -1).transpose(0, 2, 1, 3)
+
+    qp, kp = positions(inputs, "q_positions", Lq), positions(inputs, "k_positions", Lk)
+    q = rotate(proj(x, "wq", "bq", H), qp)
+    k = rotate(proj(key, "wk", "bk", Hkv), kp)
+    v = proj(value, "wv", "bv", Hkv)
+    k, v = jnp.repeat(k, G, axis=1), jnp.repeat(v, G, axis=1)
+    logits = spec.effective_scale * jnp.matmul(q, k.swapaxes(-1, -2), precision=hi)
+    allowed = jnp.ones((B, H, Lq, Lk), dtype=bool)
+    if "bias" in t:
+        logits = logits + t["bias"]
+        allowed = allowed & (t["bias"] != -jnp.inf)
+    if spec.causal:
+        allowed = allowed & jnp.asarray((kp[:, None, :] - qp[:, :, None]) <= 0)[:, None]
+    if inputs.get("mask") is not None:
+        allowed = allowed & jnp.asarray(inputs["mask"])
+    stat = jnp.float32 if x.dtype in (jnp.float16, jnp.bfloat16) else x.dtype
+    z = jnp.where(allowed, logits.astype(stat), -jnp.inf)
+    peak = jax.lax.stop_gradient(jnp.where(jnp.isfinite(z.max(-1, keepdims=True)), z.max(-1, keepdims=True), 0.0))
+    e = jnp.where(allowed, jnp.exp(z - peak), 0.0)
+    total = e.sum(-1, keepdims=True)
+    w = jnp.where(total > 0, e / jnp.where(total > 0, total, 1.0), 0.0)
+    dropped = w
+    if inputs.get("dropout_keep") is not None:
+        dropped = jnp.where(jnp.asarray(inputs["dropout_keep"]), w / (1.0 - spec.dropout), 0.0)
+    o = jnp.matmul(dropped, v.astype(stat), precision=hi).astype(x.dtype)
+    out = jnp.matmul(o.transpose(0, 2, 1, 3).reshape(B, Lq, -1), t["wo"], precision=hi)
+    out = out + t["bo"] if "bo" in t else out
+    return (out, w.astype(x.dtype)) if need_weights else (out, None)
+
+
+def jax_run(spec, params: dict, inputs: dict, device: str, rotate, *, need_weights: bool, grad_out=None):
+    """forward, or with ``grad_out`` the gradients of <out, grad_out> by ``jax.vjp`` (GRAD-1); not jitted."""
+    import jax
+
+    from . import _jax
+
+    skip = ("mask", "q_positions", "k_positions", "dropout_keep")
+    t = {n: _jax.to_jax(a, device) for n, a in {**params, **inputs}.items() if n not in skip}
+    if grad_out is None:
+        out, weights = jax_forward(spec, t, inputs, rotate, need_weights=need_weights)
+        res = {"out": _jax.to_numpy(out)}
+        if need_weights:
+            res["weights"] = _jax.to_numpy(weights)
+        return res
+    out, pullback = jax.vjp(lambda leaves: jax_forward(spec, leaves, inputs, rotate, need_weights=False)[0], t)
+    (grads,) = pullback(_jax.to_jax(np.asarray(grad_out), device).astype(out.dtype))
+    return {n: _jax.to_numpy(g) for n, g in grads.items()}
