@@ -700,7 +700,14 @@ def _cases() -> list[Case]:
             ROPE + ("ROPE-2",),
             replace(R, relative=Rope(theta=100.0, rotary_dim=4)),
             CROSS,
-            twins=(Twin("interleaved-permuted", ("ROPE-8", "ROPE-2"), replace(R, relative=Rope(theta=100.0, rotary_dim=4, layout="interleaved")), params="rope-layout"),),
+            twins=(
+                Twin(
+                    "interleaved-permuted",
+                    ("ROPE-8", "ROPE-2"),
+                    replace(R, relative=Rope(theta=100.0, rotary_dim=4, layout="interleaved")),
+                    params="rope-layout",
+                ),
+            ),
         )
     )
     add(
@@ -775,7 +782,9 @@ def _cases() -> list[Case]:
         Case(
             "rope/interleaved/cross/per-batch-positions-gqa",
             ROPE + ("POS-1", "HEAD-3", "ROPE-7"),
-            AttentionSpec(num_heads=4, head_dim=4, num_kv_heads=2, relative=Rope(layout="interleaved", attention_factor=1.25)),
+            AttentionSpec(
+                num_heads=4, head_dim=4, num_kv_heads=2, relative=Rope(layout="interleaved", attention_factor=1.25)
+            ),
             CROSS,
             recipes=(Positions("random-per-batch"),),
         )
@@ -799,6 +808,63 @@ def _cases() -> list[Case]:
             Dims(2, 9, 9),
             self_attention=True,
             decode_from=4,
+        )
+    )
+
+    # RoPE through every other path: the rotation happens before them, and must not disturb them
+    add(
+        Case(
+            "rope/half/self/causal-long-L512",
+            ROPE + ("CAUSAL-1", "SOFTMAX-1"),
+            AttentionSpec(num_heads=1, head_dim=8, causal=True, relative=Rope(theta=1000.0)),
+            Dims(1, 512, 512),
+            self_attention=True,
+            store_weights=False,
+            notes="several query tiles of every tiled kernel; weights not stored",
+        )
+    )
+    add(
+        Case(
+            "rope/interleaved/cross/ragged-heads-minus-inf-bias",
+            ROPE + ("MASK-1", "MASK-4", "MASK-5", "MASK-7", "BIAS-1", "BIAS-2", "GRAD-2"),
+            RI,
+            CROSS,
+            # queries at non-consecutive positions against the default keys; rows and keys masked in some
+            # heads only; a -inf bias with a singleton query axis removes key 3 of batch element 1 alone
+            recipes=(
+                Mask("BHQK", density=0.85, empty_cells=RAGGED_ROWS, dead_cells=RAGGED_KEYS),
+                Bias("B11K", neg_inf=0.15, dead_keys=((1, 3),)),
+                Positions("gapped-queries"),
+            ),
+        )
+    )
+    add(
+        Case(
+            "rope/half/cross/peer-options-causal-positions",
+            ROPE + ("ROPE-2", "SCALE-1", "HEAD-4", "SOFTCAP-1", "WINDOW-1", "MASK-6", "CAUSAL-1", "POS-1"),
+            AttentionSpec(
+                num_heads=2,
+                head_dim=8,
+                scale=0.5,
+                value_head_dim=6,
+                softcap=2.0,
+                window=(2, 1),
+                causal=True,
+                mask_fill=MODERATE_FILL,
+                relative=Rope(rotary_dim=6),
+            ),
+            CROSS,
+            recipes=(Positions("per-batch-offsets"),),
+        )
+    )
+    add(
+        Case(
+            "rope/half/cross/large-logits",
+            ROPE + ("SOFTMAX-1", "BIAS-1", "PREC-3"),
+            R,
+            CROSS,
+            recipes=(Bias("BHQK", offset=LARGE), Mask("B1QK")),
+            dtypes=WIDE,
         )
     )
 

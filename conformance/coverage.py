@@ -22,7 +22,7 @@ from .catalog import CASES
 from .checks import ERROR_INPUTS
 from .store import load_case, load_manifest
 
-SCHEMES = ("vanilla", "shaw", "huang")
+SCHEMES = ("vanilla", "shaw", "huang", "rope")
 STORED = pathlib.Path(__file__).resolve().with_name("COVERAGE.md")
 
 
@@ -74,7 +74,7 @@ class View:
 
 def _beyond_table(case: Case, v: View) -> bool:
     r = case.spec.relative
-    if r is None:
+    if r is None or r.name not in REL_ONLY:
         return False
     reach = r.max_distance if r.name == "shaw" else r.max_len - 1
     return bool(np.abs(v.delta()).max() > reach)
@@ -122,6 +122,20 @@ def _numeric(test):
 
 
 REL_ONLY = ("shaw", "huang")
+ROPE_ONLY = ("rope",)
+
+
+def _rope(case: Case, field: str):
+    """A field of the case's Rope, or None without one."""
+    r = case.spec.relative
+    return getattr(r, field) if r is not None and r.name == "rope" else None
+
+
+def _rope_partial(case: Case) -> bool:
+    r = case.spec.relative
+    return r is not None and r.name == "rope" and r.rotated(case.spec.head_dim) < case.spec.head_dim
+
+
 DIMENSIONS = (
     # shapes and call forms
     Dimension("call", "self-attention (key omitted)", _numeric(lambda c, v: c.self_attention), True),
@@ -226,14 +240,14 @@ DIMENSIONS = (
     Dimension(
         "options",
         "per-head tables",
-        _numeric(lambda c, v: c.spec.relative is not None and c.spec.relative.per_head),
+        _numeric(lambda c, v: getattr(c.spec.relative, "per_head", None) is True),
         True,
         REL_ONLY,
     ),
     Dimension(
         "options",
         "tables shared by heads",
-        _numeric(lambda c, v: c.spec.relative is not None and not c.spec.relative.per_head),
+        _numeric(lambda c, v: getattr(c.spec.relative, "per_head", None) is False),
         True,
         REL_ONLY,
     ),
@@ -270,6 +284,49 @@ DIMENSIONS = (
         "peer options",
         "rows left empty by the window",
         _numeric(lambda c, v: c.spec.window is not None and v.rows() is not None and bool(v.rows().any())),
+    ),
+    # RoPE (ROPE-1..ROPE-16): what only a rotation can get wrong
+    Dimension(
+        "rope",
+        "interleaved layout (ROPE-3)",
+        _numeric(lambda c, v: _rope(c, "layout") == "interleaved"),
+        schemes=ROPE_ONLY,
+    ),
+    Dimension("rope", "partial rotation, r < d (ROPE-2)", _numeric(lambda c, v: _rope_partial(c)), schemes=ROPE_ONLY),
+    Dimension(
+        "rope",
+        "explicit frequencies (a constructor, ROPE-12..ROPE-16)",
+        _numeric(lambda c, v: _rope(c, "inv_freq") is not None),
+        schemes=ROPE_ONLY,
+    ),
+    Dimension(
+        "rope",
+        "zero frequencies (ROPE-4, ROPE-16)",
+        _numeric(lambda c, v: 0.0 in (_rope(c, "inv_freq") or ())),
+        schemes=ROPE_ONLY,
+    ),
+    Dimension(
+        "rope",
+        "an attention factor (ROPE-7)",
+        _numeric(lambda c, v: _rope(c, "attention_factor") not in (None, 1.0)),
+        schemes=ROPE_ONLY,
+    ),
+    Dimension(
+        "rope",
+        "positions near 2**17 (ROPE-9)",
+        _numeric(
+            lambda c, v: bool(np.abs(v.delta()).max() < 64 and max(np.abs(p).max() for p in v.positions()) >= 2**17)
+        ),
+        schemes=ROPE_ONLY,
+    ),
+    Dimension(
+        "rope",
+        "the other layout with permuted weights (ROPE-8)",
+        _numeric(lambda c, v: any(t.params == "rope-layout" for t in c.twins)),
+        schemes=ROPE_ONLY,
+    ),
+    Dimension(
+        "rope", "prefill then steps (ROPE-10)", _numeric(lambda c, v: c.decode_from is not None), schemes=ROPE_ONLY
     ),
     # extreme values and paths
     Dimension(
@@ -358,8 +415,8 @@ def render(rows) -> str:
         "means nothing for that scheme. Cell entries are case ids; long cells are",
         "cut at four ids with the count.",
         "",
-        "| group | dimension | vanilla | shaw | huang |",
-        "|---|---|---|---|---|",
+        "| group | dimension | " + " | ".join(SCHEMES) + " |",
+        "|---|---|" + "---|" * len(SCHEMES),
     ]
     for dim, cells in rows:
         out = []

@@ -20,7 +20,7 @@ from numpy_ref.forward import context, project
 from numpy_ref.heads import merge_heads, split_heads
 from numpy_ref.masking import allowed_keys, dead_keys, masked_softmax, relative_distance, softcap
 from numpy_ref.relative import as_4d, gather_logits
-from spec import Rope, Shaw
+from spec import Shaw
 from spec.rope import base_frequencies
 
 from .adapters.base import Capabilities
@@ -893,7 +893,7 @@ class WindowFromIndices(Mutant):
 # --------------------------------------------------------------------------- RoPE (ROPE-1..ROPE-9)
 def _rope(spec):
     """The spec's Rope, or None."""
-    return spec.relative if isinstance(spec.relative, Rope) else None
+    return spec.relative if _scheme(spec) == "rope" else None
 
 
 def _pair_swap(spec, heads: int) -> np.ndarray:
@@ -998,7 +998,9 @@ class RopeValuesRotated(_RecombinedMutant):
         if not self.applies(spec, inputs):
             return Mutant.forward(self, spec, params, inputs, device=device, need_weights=need_weights)
         lg = _logits(spec, params, inputs)
-        _, lg.v, _ = lg.hooks.call("qk_transform", lg.call.params, lg.v, lg.v, replace(lg.ctx, q_positions=lg.ctx.k_positions))
+        _, lg.v, _ = lg.hooks.call(
+            "qk_transform", lg.call.params, lg.v, lg.v, replace(lg.ctx, q_positions=lg.ctx.k_positions)
+        )
         result = _finish(spec, lg, self.weights(spec, lg))
         return result if need_weights else {"out": result["out"]}
 

@@ -116,6 +116,8 @@ def matrix(plan: Plan):
                         skip = f"dtype {dtype} not supported"
                     if not skip and (device, dtype) in caps.unsupported:
                         skip = f"{dtype} on {device}: {caps.unsupported[device, dtype]}"
+                    if not skip and not caps.requires <= case.features():
+                        skip = f"certifies only cases that use {', '.join(sorted(caps.requires))}"
                     if not skip:
                         missing = case.features() - caps.features
                         if missing:

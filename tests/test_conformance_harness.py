@@ -49,8 +49,9 @@ def test_manifest_is_canonical_and_matches_the_catalog():
 
 
 def test_goldens_are_small():
+    # about 90 KB per case (four dtypes, gradients, the manifest entry); 130 cases take 11.5 MiB
     total = sum(p.stat().st_size for p in store.GOLDEN_DIR.iterdir())
-    assert total < 10 * 2**20, f"goldens take {total / 2**20:.1f} MiB"
+    assert total < 13 * 2**20, f"goldens take {total / 2**20:.1f} MiB"
 
 
 def test_verify_finds_no_drift():

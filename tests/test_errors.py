@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import numpy_ref
-from spec import AttentionSpec, Huang, Shaw, profiles
+from spec import AttentionSpec, Huang, Rope, Shaw, dynamic_ntk_alpha, profiles, rope_permutation
 
 SPEC = AttentionSpec(num_heads=2, head_dim=2, relative=Shaw(1))
 B, LQ, LK, D = 2, 3, 5, 4
@@ -231,7 +231,7 @@ def test_init_params_seed_must_be_an_int():
         (
             lambda: AttentionSpec(2, 2, relative="shaw"),
             TypeError,
-            "AttentionSpec.relative: expected None or a registered scheme (Huang(...), Shaw(...)), got 'shaw' of type str",
+            "AttentionSpec.relative: expected None or a registered scheme (Huang(...), Rope(...), Shaw(...)), got 'shaw' of type str",
         ),
         (
             lambda: AttentionSpec(2, 2, causal=None),
@@ -317,6 +317,29 @@ def test_init_params_seed_must_be_an_int():
         (lambda: Shaw(2, keys=False, values=False), ValueError, "Shaw: expected keys=True or values=True"),
         (lambda: Shaw(2, per_head="yes"), TypeError, "Shaw.per_head: expected a bool, got 'yes' of type str"),
         (lambda: Huang(0), ValueError, "Huang.max_len: expected an int >= 1, got 0"),
+        # ROPE-2: channels rotate in pairs, inside the head
+        (lambda: Rope(rotary_dim=3), ValueError, "Rope.rotary_dim: expected an even int >= 2 (channels rotate in pairs, ROPE-2), got 3"),
+        (lambda: Rope(rotary_dim=4.0), TypeError, "Rope.rotary_dim: expected an int >= 2, got 4.0 of type float"),
+        (lambda: AttentionSpec(2, 4, relative=Rope(rotary_dim=6)), ValueError, "Rope.rotary_dim: expected an even int <= head_dim = 4 (ROPE-2), got 6"),
+        (lambda: AttentionSpec(2, 3, relative=Rope()), ValueError, "Rope.rotary_dim: expected an even number of rotated channels (ROPE-2), got head_dim = 3 with rotary_dim=None; give an even rotary_dim"),
+        (lambda: AttentionSpec(2, 4, relative=Rope(inv_freq=(1.0, 0.5, 0.25))), ValueError, "Rope.rotary_dim: expected an even int <= head_dim = 4 (ROPE-2), got 6"),
+        (lambda: Rope(layout="neox"), ValueError, "Rope.layout: expected one of ('half', 'interleaved') (ROPE-3), got 'neox'"),
+        (lambda: Rope(theta=1.0), ValueError, "Rope.theta: expected a finite number > 1, got 1.0"),
+        (lambda: Rope(inv_freq=(1.0, -0.5)), ValueError, "Rope.inv_freq[1]: expected a finite number >= 0 (ROPE-4), got -0.5"),
+        (lambda: Rope(inv_freq=(1.0, "2")), TypeError, "Rope.inv_freq[1]: expected a real number >= 0, got '2' of type str"),
+        (lambda: Rope(inv_freq=()), ValueError, "Rope.inv_freq: expected at least one frequency (ROPE-4), got an empty sequence"),
+        (lambda: Rope(inv_freq=0.5), TypeError, "Rope.inv_freq: expected None or a sequence of floats >= 0, got 0.5 of type float"),
+        (lambda: Rope(rotary_dim=4, inv_freq=(1.0,)), ValueError, "Rope.inv_freq: expected rotary_dim / 2 = 2 frequencies (ROPE-4), got 1"),
+        (lambda: Rope(attention_factor=0.0), ValueError, "Rope.attention_factor: expected a finite number > 0 (ROPE-7), got 0.0"),
+        (lambda: Rope.linear(0.0, rotary_dim=8), ValueError, "Rope.linear.factor: expected a finite number > 0, got 0.0"),
+        (lambda: Rope.linear(2.0, rotary_dim=7), ValueError, "Rope.linear.rotary_dim: expected an even int >= 2 (channels rotate in pairs, ROPE-2), got 7"),
+        (lambda: Rope.ntk(2.0, rotary_dim=2), ValueError, "Rope.ntk: expected rotary_dim >= 4 (the exponent is r / (r - 2), ROPE-13), got 2"),
+        (lambda: Rope.yarn(4.0, 4096, beta_fast=1, beta_slow=32, rotary_dim=8), ValueError, "Rope.yarn: expected beta_fast > beta_slow > 0, got beta_fast=1.0, beta_slow=32.0"),
+        (lambda: Rope.yarn(4.0, 0, rotary_dim=8), ValueError, "Rope.yarn.original_max_positions: expected an int >= 1, got 0"),
+        (lambda: Rope.llama3(8.0, 4.0, 1.0, 8192, rotary_dim=8), ValueError, "Rope.llama3: expected high_freq_factor > low_freq_factor, got 1.0 <= 4.0"),
+        (lambda: Rope.proportional(0.0, rotary_dim=8), ValueError, "Rope.proportional.fraction: expected a number in (0, 1], got 0.0"),
+        (lambda: rope_permutation(2, 6, 5), ValueError, "rope_permutation.rotary_dim: expected an even int <= head_dim = 6 (ROPE-2), got 5"),
+        (lambda: dynamic_ntk_alpha(2.0, 4096, 0), ValueError, "dynamic_ntk_alpha.context_length: expected an int >= 1, got 0"),
         (
             lambda: profiles.einsum_selfattention(10, 3),
             ValueError,

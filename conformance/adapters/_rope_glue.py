@@ -7,8 +7,9 @@ the q/k transform of REL-3 (1). Its adapter hands this module a
 rest in plain framework operations written from the spec: the projections
 (PROJ-1), the head split (HEAD-1, HEAD-3), the scaled logits (SCALE-2), the
 bias (BIAS-1), the allowed keys from the mask, causality and the positions
-(MASK-4, CAUSAL-1, POS-2), a softmax with exact zeros (MASK-5), the keep
-mask (DROP-1), the values and the output projection (OUT-1). So a
+(MASK-4, CAUSAL-1, POS-2), a softmax with exact zeros (MASK-5), dead keys'
+rows zeroed before the projections (MASK-7), the keep mask (DROP-1), the
+values and the output projection (OUT-1). So a
 deviation such an adapter reports is the library's rotation's, nothing
 else's.
 
@@ -24,7 +25,9 @@ import numpy as np
 from .base import PLAIN_FEATURES
 
 #: What the glue computes besides the rotation (the adapters add their RoPE features).
-GLUE_FEATURES = PLAIN_FEATURES | {"positions", "grouped-kv-heads", "value-head-dim", "dropout-keep"}
+GLUE_FEATURES = PLAIN_FEATURES | {"positions", "grouped-kv-heads", "value-head-dim", "dropout-spec", "dropout-keep"}
+#: A glue adapter certifies a rotation: cases without RoPE would check the glue alone (Capabilities.requires).
+ROPE_ONLY = frozenset({"rope"})
 
 
 def positions(inputs: dict, name: str, length: int) -> np.ndarray:
@@ -32,6 +35,37 @@ def positions(inputs: dict, name: str, length: int) -> np.ndarray:
     p = inputs.get(name)
     p = np.arange(length) if p is None else np.asarray(p)
     return np.asarray(p, dtype=np.int64).reshape((-1, length))
+
+
+def without_dead_keys(spec, inputs: dict) -> dict:
+    """MASK-7: the key and value rows of keys that no query of any head may attend, set to 0.
+
+    ``weights @ v`` multiplies a dead key's weight 0 by its value row, and
+    0 * NaN is NaN; the rotation works row by row, so zeroing those rows
+    before the call hides nothing of the library's.
+    """
+    if inputs.get("key") is None:
+        return inputs
+    B, Lq = inputs["query"].shape[:2]
+    Lk = inputs["key"].shape[1]
+    allowed = np.ones((B, spec.num_heads, Lq, Lk), dtype=bool)
+    if inputs.get("mask") is not None:
+        allowed = allowed & np.asarray(inputs["mask"])
+    if inputs.get("bias") is not None:
+        allowed = allowed & (np.asarray(inputs["bias"]).astype(np.float64) != -np.inf)
+    if spec.causal:  # CAUSAL-1 on the positions' distance (POS-2)
+        qp, kp = positions(inputs, "q_positions", Lq), positions(inputs, "k_positions", Lk)
+        allowed = allowed & ((kp[:, None, :] - qp[:, :, None]) <= 0)[:, None]
+    dead = ~allowed.any(axis=(1, 2))  # (B, Lk)
+    if not dead.any():
+        return inputs
+    out = dict(inputs)
+    for name in ("key", "value"):
+        if out.get(name) is not None:
+            rows = np.array(out[name])
+            rows[dead] = 0
+            out[name] = rows
+    return out
 
 
 # ---------------------------------------------------------------------- torch
@@ -90,6 +124,7 @@ def torch_run(spec, params: dict, inputs: dict, device: str, rotate, *, need_wei
 
     skip = ("mask", "q_positions", "k_positions", "dropout_keep")
     wanted = grad_out is not None
+    inputs = without_dead_keys(spec, inputs)
     t = {n: _torch.to_torch(a, device, requires_grad=wanted) for n, a in {**params, **inputs}.items() if n not in skip}
     out, weights = torch_forward(spec, t, inputs, rotate, need_weights=need_weights and not wanted)
     if not wanted:
@@ -157,6 +192,7 @@ def jax_run(spec, params: dict, inputs: dict, device: str, rotate, *, need_weigh
     from . import _jax
 
     skip = ("mask", "q_positions", "k_positions", "dropout_keep")
+    inputs = without_dead_keys(spec, inputs)
     t = {n: _jax.to_jax(a, device) for n, a in {**params, **inputs}.items() if n not in skip}
     if grad_out is None:
         out, weights = jax_forward(spec, t, inputs, rotate, need_weights=need_weights)

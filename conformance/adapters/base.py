@@ -94,9 +94,12 @@ class Capabilities:
     gradients: bool = True  # implements vjp (GRAD-1)
     notes: dict = field(default_factory=dict)  # feature -> why it is missing, for skip messages
     unsupported: dict = field(default_factory=dict)  # (device, dtype) -> why that pair cannot run
+    # features a case must use for this adapter to run it: an adapter of an outside RoPE (around a
+    # plain core of the harness's own) certifies only the rotation, so it skips cases without one
+    requires: frozenset = frozenset()
 
     def __post_init__(self):
-        unknown = set(self.features) - FEATURES - REFERENCE_FEATURES
+        unknown = (set(self.features) | set(self.requires)) - FEATURES - REFERENCE_FEATURES
         if unknown:
             known = sorted(FEATURES | REFERENCE_FEATURES)
             raise ValueError(f"Capabilities.features: expected names from {known}, got {sorted(unknown)}")

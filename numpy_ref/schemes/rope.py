@@ -57,7 +57,7 @@ def apply_rope(scheme, x, positions) -> np.ndarray:
     The q/k transform of one head, for porting and for worked examples:
     ``apply_rope(Rope(), q_head, q_positions)``.
     """
-    x = np.asarray(x, dtype=np.float64)
+    x = np.array(x, dtype=np.float64)  # a copy: the caller's array is never written
     positions = np.asarray(positions)
     if x.ndim < 2 or positions.shape != x.shape[-2:-1] or not np.issubdtype(positions.dtype, np.integer):
         raise ValueError(
