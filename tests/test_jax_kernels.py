@@ -649,7 +649,7 @@ def test_a_scheme_without_a_jax_module_is_refused_by_name(registered):
     with pytest.raises(
         ValueError,
         match=re.escape(
-            f"spec.relative: expected a scheme jax_impl implements (one of ['huang', 'shaw']; add one with "
+            f"spec.relative: expected a scheme jax_impl implements (one of ['huang', 'rope', 'shaw']; add one with "
             f"jax_impl.schemes.register_module(name, module)), got {registered.name!r} (DoubleQueryMinusDistance)"
         ),
     ):

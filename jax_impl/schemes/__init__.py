@@ -56,7 +56,10 @@ __all__ = [
 ]
 
 #: scheme name -> its jax_impl module (a dotted path, imported on first use, or a module object) (REL-4).
-REGISTRY = ModuleRegistry("jax_impl", {"shaw": "jax_impl.schemes.shaw", "huang": "jax_impl.schemes.huang"})
+REGISTRY = ModuleRegistry(
+    "jax_impl",
+    {"shaw": "jax_impl.schemes.shaw", "huang": "jax_impl.schemes.huang", "rope": "jax_impl.schemes.rope"},
+)
 
 #: hook kind -> the function a module defines for it, for the xla kernel and for the tiles kernel.
 PLAIN = {kind: kind for kind in HOOKS}
