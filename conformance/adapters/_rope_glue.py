@@ -37,6 +37,16 @@ def positions(inputs: dict, name: str, length: int) -> np.ndarray:
     return np.asarray(p, dtype=np.int64).reshape((-1, length))
 
 
+def interleaved_orders(rope, d: int):
+    """(to_interleaved, to_half): channel orders of one head that carry a half-layout Rope's q or k into the
+    interleaved layout and back (ROPE-8: ``x_half = x_interleaved[..., to_half]``), for a library that has
+    only the interleaved layout; an exact reordering, no arithmetic."""
+    from spec import rope_permutation
+
+    to_half = np.asarray(rope_permutation(1, d, rope.rotated(d)))
+    return np.argsort(to_half), to_half
+
+
 def without_dead_keys(spec, inputs: dict) -> dict:
     """MASK-7: the key and value rows of keys that no query of any head may attend, set to 0.
 
