@@ -118,6 +118,8 @@ def matrix(plan: Plan):
                         skip = f"{dtype} on {device}: {caps.unsupported[device, dtype]}"
                     if not skip and not caps.requires <= case.features():
                         skip = f"certifies only cases that use {', '.join(sorted(caps.requires))}"
+                    if not skip and hasattr(adapter, "unsupported_case"):  # what the features cannot say
+                        skip = adapter.unsupported_case(case)
                     if not skip:
                         missing = case.features() - caps.features
                         if missing:

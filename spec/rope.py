@@ -207,7 +207,7 @@ class Rope(Scheme):
         theta: float = 500000.0,
         layout: str = "half",
     ) -> "Rope":
-        """ROPE-15, Llama 3.1's scaling (HF ``"llama3"``): long wavelengths divided by factor, short kept, a smooth band."""
+        """ROPE-15, Llama 3.1 scaling (HF ``"llama3"``): long wavelengths / factor, short ones kept, a band between."""
         where = "Rope.llama3"
         factor = _require_factor(where, "factor", factor)
         low = _require_factor(where, "low_freq_factor", low_freq_factor)
@@ -230,9 +230,7 @@ class Rope(Scheme):
         return cls(theta, r, layout, tuple(inv_freq))
 
     @classmethod
-    def proportional(
-        cls, fraction: float, *, rotary_dim: int, theta: float = 10000.0, layout: str = "half"
-    ) -> "Rope":
+    def proportional(cls, fraction: float, *, rotary_dim: int, theta: float = 10000.0, layout: str = "half") -> "Rope":
         """ROPE-16, Gemma's partial rotation: every channel pairs over r, only the first pairs turn.
 
         The first floor(fraction * r / 2) pairs get theta^(-2c/r) (frequencies over

@@ -32,6 +32,10 @@ DEVIATIONS = runner.load_deviations()
 #: adapter -> the dtypes whose cells only `python -m conformance run` (and .ci/run) covers
 CLI_ONLY = {
     "jax": ("float64", "float32", "bfloat16", "float16"),
+    # eager JAX glue around a Keras layer or a jax function: minutes per dtype; .ci/run installs them with
+    # --no-deps (their requirements pull in TensorFlow) and runs them through `python -m conformance run`
+    "keras-hub-rope": ("float64", "float32", "bfloat16", "float16"),
+    "gemma-rope": ("float64", "float32", "bfloat16", "float16"),
     "jax:xla": ("bfloat16", "float16"),
     "jax:tiles": ("bfloat16", "float16"),
 }

@@ -31,7 +31,9 @@ def _by_hand(x, pos, freqs, layout, af=1.0):
 
 
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
-@pytest.mark.parametrize("rope", [Rope(), Rope(rotary_dim=4, theta=50.0), Rope(inv_freq=(0.7, 0.0), attention_factor=1.3)])
+@pytest.mark.parametrize(
+    "rope", [Rope(), Rope(rotary_dim=4, theta=50.0), Rope(inv_freq=(0.7, 0.0), attention_factor=1.3)]
+)
 def test_apply_rope_is_the_pairwise_rotation(rope, layout):
     rope = Rope(rope.theta, rope.rotary_dim, layout, rope.inv_freq, rope.attention_factor)
     rng = np.random.default_rng(0)

@@ -123,7 +123,9 @@ def test_scheme_registry_errors_name_what_was_expected():
 
     with pytest.raises(ValueError, match=r"register: scheme name 'shaw' is taken by Shaw"):
         spec.register(Clash)
-    with pytest.raises(ValueError, match=r"unregister: expected a registered scheme name \(huang, rope, shaw\), got 'nope'"):
+    with pytest.raises(
+        ValueError, match=r"unregister: expected a registered scheme name \(huang, rope, shaw\), got 'nope'"
+    ):
         spec.unregister("nope")
     with pytest.raises(ValueError, match=r"scheme: expected one of \['huang', 'rope', 'shaw'\], got 'nope'"):
         spec.scheme_from_json({"scheme": "nope"})

@@ -28,6 +28,15 @@ BUILTIN = {
     "flax-mha": "conformance.adapters.flax_mha:FlaxMHAAdapter",
     "onnx-reference": "conformance.adapters.onnx_reference:OnnxReferenceAdapter",
     "onnxruntime": "conformance.adapters.onnxruntime_adapter:OnnxRuntimeAdapter",
+    "hf-llama-rope": "conformance.adapters.hf_rope:HFLlamaRopeAdapter",
+    "hf-llama-attention": "conformance.adapters.hf_rope:HFLlamaAttentionAdapter",
+    "hf-gptneox-rope": "conformance.adapters.hf_rope:HFGPTNeoXRopeAdapter",
+    "hf-gptj-rope": "conformance.adapters.hf_rope:HFGPTJRopeAdapter",
+    "rotary-embedding-torch": "conformance.adapters.torch_rope_libs:RotaryEmbeddingTorchAdapter",
+    "torchtune-rope": "conformance.adapters.torch_rope_libs:TorchtuneRopeAdapter",
+    "xt-rope": "conformance.adapters.torch_rope_libs:XTransformersRopeAdapter",
+    "keras-hub-rope": "conformance.adapters.jax_rope_libs:KerasHubRopeAdapter",
+    "gemma-rope": "conformance.adapters.jax_rope_libs:GemmaRopeAdapter",
 }
 
 

@@ -149,4 +149,6 @@ class Adapter(abc.ABC):
         """
 
     # Optional hooks, used when an adapter defines them:
+    #   unsupported_case(case) -> str | None     why this case cannot be expressed in the library's own
+    #                                            arguments (a skip with that reason), beyond what features say
     #   roundtrip_params(spec, params) -> dict   PARAM-3: canonical -> module -> canonical
