@@ -27,6 +27,7 @@ TARGETS = [
     ("huang-causal", "vanilla-causal", "forward", 1.6),
     ("shaw", "vanilla", "forward+backward", 2.0),
     ("huang", "vanilla", "forward+backward", 2.5),
+    ("rope", "vanilla", "forward", 1.15),
 ]
 TARGET_L = 1024
 OURS = {"torch": "torch_impl", "jax": "jax_impl"}

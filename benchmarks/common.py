@@ -19,7 +19,7 @@ SCHEMES = ("vanilla", "shaw", "huang", "huang-causal")
 
 def spec_for(scheme: str, L: int):
     """The measured layer of each scheme (the causal anchors use vanilla-causal)."""
-    from spec import AttentionSpec, Huang, Shaw
+    from spec import AttentionSpec, Huang, Rope, Shaw
 
     return {
         "vanilla": AttentionSpec(H, D_HEAD),
@@ -27,6 +27,7 @@ def spec_for(scheme: str, L: int):
         "shaw": AttentionSpec(H, D_HEAD, relative=Shaw(SHAW_K)),
         "huang": AttentionSpec(H, D_HEAD, relative=Huang(L)),
         "huang-causal": AttentionSpec(H, D_HEAD, relative=Huang(L), causal=True),
+        "rope": AttentionSpec(H, D_HEAD, relative=Rope()),  # the whole head, half layout
     }[scheme]
 
 
@@ -34,7 +35,7 @@ def spec_for(scheme: str, L: int):
 class Record:
     framework: str
     impl: str  # e.g. "torch_impl", "sdpa (anchor)", "shaw seed (naive)"
-    scheme: str  # vanilla | vanilla-causal | shaw | huang | huang-causal
+    scheme: str  # vanilla | vanilla-causal | shaw | huang | huang-causal | rope
     L: int
     dtype: str
     device: str

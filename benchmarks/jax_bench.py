@@ -48,7 +48,7 @@ def jax_impl_layer(spec):
 
 IMPLS = {
     "dot_product_attention (anchor)": (dpa_layer, ("vanilla", "vanilla-causal")),
-    "jax_impl": (jax_impl_layer, ("vanilla", "vanilla-causal", "shaw", "huang", "huang-causal")),
+    "jax_impl": (jax_impl_layer, ("vanilla", "vanilla-causal", "shaw", "huang", "huang-causal", "rope")),
     PROJECTIONS: (projections_layer, ("vanilla",)),
 }
 

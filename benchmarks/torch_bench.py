@@ -1,5 +1,10 @@
 """PyTorch benchmarks: torch_impl against fused SDPA and against the naive seed algorithms.
 
+RoPE (``Rope()``, the whole head rotated) is timed as the forward of
+``torch_impl.MultiHeadAttention``: the rotation of q and k, then the fused
+kernel that the automatic choice picks for it; its ratio is to the same
+fused vanilla anchor.
+
 Run by ``python -m benchmarks``; one process for all PyTorch timings so that
 ratios are taken under the same conditions. Every implementation gets the
 same projections (B, L, D) -> (B, L, D), D = H * d.
@@ -44,6 +49,18 @@ def sdpa_layer(spec, p):
 
 def torch_impl_layer(spec, p):
     return lambda x: torch_impl.attention(spec, p, x)
+
+
+def torch_impl_module_layer(spec, p):
+    """torch_impl.MultiHeadAttention's forward with the same parameters loaded (the RoPE rows)."""
+    ref = p["wq"]
+    m = torch_impl.MultiHeadAttention(spec, device=ref.device, dtype=ref.dtype)
+    return m.load_canonical({n: t.detach() for n, t in p.items()})
+
+
+#: Schemes whose torch_impl rows time the nn.Module's forward (the parameters as nn.Linear layers)
+#: rather than the functional core; both project with the same addmm.
+MODULE_SCHEMES = ("rope",)
 
 
 def shaw_seed_layer(spec, p):
@@ -100,7 +117,7 @@ def projections_layer(spec, p):
 IMPLS = {
     # impl name: (layer factory, schemes it runs, longest L it is run at)
     "sdpa (anchor)": (sdpa_layer, ("vanilla", "vanilla-causal"), None),
-    "torch_impl": (torch_impl_layer, ("vanilla", "vanilla-causal", "shaw", "huang", "huang-causal"), None),
+    "torch_impl": (torch_impl_layer, ("vanilla", "vanilla-causal", "shaw", "huang", "huang-causal", "rope"), None),
     PROJECTIONS: (projections_layer, ("vanilla",), None),
     "shaw seed (naive)": (shaw_seed_layer, ("shaw",), 2048),
     "music seed (naive)": (music_seed_layer, ("huang",), 1024),
@@ -109,7 +126,7 @@ IMPLS = {
 
 def build(impl: str, scheme: str, L: int, device: str, dtype):
     spec = spec_for(scheme, L)
-    factory = IMPLS[impl][0]
+    factory = torch_impl_module_layer if impl == "torch_impl" and scheme in MODULE_SCHEMES else IMPLS[impl][0]
     if impl == "music seed (naive)":  # the seed's table is unscaled and shared by heads
         spec = AttentionSpec(H, D_HEAD, relative=Huang(L, per_head=False), scale_relative=False)
     p = params_for(spec, device, dtype)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import numpy_ref
-from spec import AttentionSpec, Huang, Shaw
+from spec import AttentionSpec, Huang, Rope, Shaw
 
 
 @dataclass
@@ -45,7 +45,7 @@ def positions(rng, B, L, contiguous):
 
 def random_spec(rng) -> AttentionSpec:
     H, d = int(rng.integers(1, 4)), int(rng.integers(1, 4))
-    kind = rng.choice(["none", "shaw", "huang"])
+    kind = rng.choice(["none", "shaw", "huang", "rope"])
     relative = None
     if kind == "shaw":
         keys = bool(rng.random() < 0.8)
@@ -57,6 +57,9 @@ def random_spec(rng) -> AttentionSpec:
         )
     elif kind == "huang":
         relative = Huang(int(rng.integers(1, 6)), per_head=bool(rng.random() < 0.5))
+    elif kind == "rope":
+        d = 2 * int(rng.integers(1, 3))  # ROPE-2: pairs
+        relative = random_rope(rng, d)
     return AttentionSpec(
         num_heads=H,
         head_dim=d,
@@ -68,6 +71,21 @@ def random_spec(rng) -> AttentionSpec:
         mask_fill=None if rng.random() < 0.75 else float(rng.choice([-1e9, -30.0, -2.5])),
         dropout=0.0 if rng.random() < 0.7 else float(rng.uniform(0.05, 0.6)),
         **peer_options(rng, H),
+    )
+
+
+def random_rope(rng, d: int) -> Rope:
+    """ROPE-2..ROPE-7: a layout, a rotary dim, a base or explicit frequencies (zeros too), an attention factor."""
+    r = d if rng.random() < 0.6 else 2 * int(rng.integers(1, d // 2 + 1))
+    inv_freq = None
+    if rng.random() < 0.3:
+        inv_freq = tuple(float(f) if rng.random() < 0.8 else 0.0 for f in rng.uniform(0.01, 1.5, size=r // 2))
+    return Rope(
+        theta=float(rng.choice([10.0, 500.0, 10000.0])),
+        rotary_dim=None if r == d and rng.random() < 0.5 else r,
+        layout=str(rng.choice(["half", "interleaved"])),
+        inv_freq=inv_freq,
+        attention_factor=1.0 if rng.random() < 0.7 else float(rng.uniform(0.7, 1.5)),
     )
 
 

@@ -400,7 +400,7 @@ def test_sdpa_refuses_a_relative_scheme_and_names_the_kernels_that_can(shaw_laye
         ValueError,
         match=re.escape(
             "implementation='sdpa': cannot run this call: Shaw relative terms need the key_term and value_term "
-            "hooks, and sdpa calls no hook: it takes no relative scheme; kernels that can: 'eager', 'tiles' "
+            "hooks, and sdpa calls qk_transform; kernels that can: 'eager', 'tiles' "
             "(KERN-1: no silent fallback)"
         ),
     ):
@@ -465,7 +465,9 @@ def test_a_hook_no_kernel_calls_is_an_error_not_a_fallback():
         ),
     ):
         kernels.resolve(None, spec, plain_call())
-    with pytest.raises(ValueError, match=re.escape("and eager calls key_term, value_term; no kernel can")):
+    with pytest.raises(
+        ValueError, match=re.escape("and eager calls qk_transform, key_term, value_term; no kernel can")
+    ):
         kernels.resolve("eager", spec, plain_call())
 
 

@@ -11,7 +11,7 @@ Axis legend (AXES-1): B, H, Lq, Lk, D, d; Hkv key/value heads, G = H / Hkv
 created on the query's device. This module checks the arguments, projects
 and splits the heads, and hands the per-head core to one kernel
 (``torch_impl.kernels``, KERN-1): ``"eager"``, the readable baseline;
-``"sdpa"``, PyTorch's fused kernel for vanilla calls; ``"tiles"``, the
+``"sdpa"``, PyTorch's fused kernel for vanilla and RoPE calls; ``"tiles"``, the
 cache-sized tiles for everything else.
 """
 
@@ -95,7 +95,7 @@ def attention(
         case "eager":
             o, weights = eager.attention(spec, p, q, k, v, call)
         case "sdpa":
-            o, weights = sdpa.attention(spec, q, k, v, call), None
+            o, weights = sdpa.attention(spec, p, q, k, v, call), None
         case "tiles":
             o, weights = tiles.attention(kernel, spec, p, q, k, v, call)
         case name:

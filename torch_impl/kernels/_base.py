@@ -6,6 +6,8 @@ from typing import ClassVar, Optional
 
 from spec import HOOKS, AttentionSpec
 
+from .. import _core, schemes
+
 
 class Kernel:
     """The base of the kernels: a frozen dataclass per kernel, its tuning knobs as fields (KERN-1).
@@ -39,3 +41,21 @@ class Kernel:
             f"{type(scheme).__name__} relative terms need the {' and '.join(missing)} hook"
             f"{'s' if len(missing) > 1 else ''}, and {self.name} calls {calls}"
         )
+
+
+def transform_qk(spec: AttentionSpec, params: dict, q, k, call):
+    """REL-3 (1): the scheme's q/k transform (RoPE), once per call, after the head split, before any logit.
+
+    q (B, H, Lq, d), k (B, Hkv, Lk, d) -> the same shapes; q and k themselves
+    when the scheme has no such hook. The hook gets the positions as
+    (1|B, L) int64, the defaults filled in (POS-1); default positions of a
+    self-attention call are one tensor, so the hook may build one table.
+    """
+    scheme = spec.relative
+    if scheme is None or "qk_transform" not in scheme.hooks:
+        return q, k
+    Lq, Lk = q.shape[2], k.shape[2]
+    q_pos = _core.positions(call.q_positions, Lq, q.device)
+    shared = call.default_positions and Lq == Lk
+    k_pos = q_pos if shared else _core.positions(call.k_positions, Lk, k.device)
+    return schemes.module_for(scheme).qk_transform(scheme, params, q, k, q_pos, k_pos)

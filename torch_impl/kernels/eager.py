@@ -1,5 +1,6 @@
 """``"eager"``: the readable baseline, every rule on the whole (B, H, Lq, Lk) logits (KERN-1).
 
+    q, k   = qk_transform(q, k)                                             (REL-3 (1): RoPE)
     score  = s * q @ k.T  +  s_rel * key_term(q, delta)                     (REL-1, SCALE-2, SCALE-3, HEAD-3)
     logits = cap(score)  +  bias                                            (SOFTCAP-1, SCALE-4)
     w      = softmax over the allowed keys                                  (SOFTMAX-1, MASK-4..6, WINDOW-1)
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .. import _core, schemes
-from ._base import Kernel
+from ._base import Kernel, transform_qk
 
 
 @dataclass(frozen=True)
@@ -27,15 +28,16 @@ class Eager(Kernel):
     """The readable baseline; it runs every call (KERN-1)."""
 
     name: ClassVar[str] = "eager"
-    scheme_hooks: ClassVar[frozenset] = frozenset({"key_term", "value_term"})
+    scheme_hooks: ClassVar[frozenset] = frozenset({"qk_transform", "key_term", "value_term"})
 
 
 def attention(spec, params: dict, q, k, v, call: _core.Call):
     """q (B, H, Lq, d), k (B, Hkv, Lk, d), v (B, Hkv, Lk, dv) -> (o (B, H, Lq, dv), weights (B, H, Lq, Lk) or None).
 
-    Implements SCALE-2..4, REL-1, SOFTCAP-1, MASK-4..6 (through ``call.allowed``:
+    Implements REL-3, SCALE-2..4, REL-1, SOFTCAP-1, MASK-4..6 (through ``call.allowed``:
     CAUSAL-1, WINDOW-1), SOFTMAX-1, DROP-1, DROP-4, HEAD-3, HEAD-4, PREC-4.
     """
+    q, k = transform_qk(spec, params, q, k, call)  # REL-3 (1): after the head split, before any logit
     scheme = spec.relative
     unit = None if scheme is None else schemes.module_for(scheme)
     hooks = frozenset() if scheme is None else scheme.hooks

@@ -5,9 +5,12 @@ The spec's masks, bias, positions and window (WINDOW-1) become SDPA's
 ``is_causal``. Grouped key/value heads (HEAD-3) are its ``enable_gqa``,
 whose groups are contiguous like the spec's (query head h reads key/value
 head h // G); values may have their own head size (HEAD-4). SDPA gives a
-row with no allowed key exact zeros (MASK-5). It takes no relative scheme,
-no ``mask_fill`` (MASK-6), no soft cap (SOFTCAP-1: it has no hook between
-the score and the mask), no given keep mask (DROP-1) and returns no weights.
+row with no allowed key exact zeros (MASK-5). A scheme's q/k transform
+(RoPE, REL-3 (1)) rotates q and k before the fused call, which then sees
+plain vectors. It takes no other relative term (a key term, bias or value
+term needs the logits, which SDPA never exposes), no ``mask_fill``
+(MASK-6), no soft cap (SOFTCAP-1: it has no hook between the score and the
+mask), no given keep mask (DROP-1) and returns no weights.
 Axis legend (AXES-1): B, H, Lq, Lk, d; Hkv, G = H / Hkv (HEAD-3); dv (HEAD-4).
 """
 
@@ -20,16 +23,16 @@ import torch
 import torch.nn.functional as F
 
 from .. import _core
-from ._base import Kernel
+from ._base import Kernel, transform_qk
 
 
 @dataclass(frozen=True)
 class SDPA(Kernel):
-    """PyTorch's fused attention, for calls without relative terms, mask_fill, softcap, keep mask or weights
-    (KERN-1)."""
+    """PyTorch's fused attention, for calls without a relative key term, bias or value term, mask_fill,
+    softcap, keep mask or weights; it runs a q/k transform (RoPE) first (KERN-1)."""
 
     name: ClassVar[str] = "sdpa"
-    scheme_hooks: ClassVar[frozenset] = frozenset()
+    scheme_hooks: ClassVar[frozenset] = frozenset({"qk_transform"})
 
     def unsupported(self, spec, call) -> Optional[str]:
         reasons = [
@@ -52,11 +55,13 @@ class SDPA(Kernel):
         return "; ".join(reasons) or None
 
 
-def attention(spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: _core.Call) -> torch.Tensor:
+def attention(spec, params: dict, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: _core.Call) -> torch.Tensor:
     """q (B, H, Lq, d), k (B, Hkv, Lk, d), v (B, Hkv, Lk, dv) -> o (B, H, Lq, dv).
 
-    Implements SCALE-2, SCALE-4, MASK-4, MASK-5, BIAS-1, BIAS-2, CAUSAL-1, WINDOW-1, HEAD-3, HEAD-4.
+    ``params``: the canonical tensors (the q/k transform hook receives them, as in eager).
+    Implements REL-3 (1), SCALE-2, SCALE-4, MASK-4, MASK-5, BIAS-1, BIAS-2, CAUSAL-1, WINDOW-1, HEAD-3, HEAD-4.
     """
+    q, k = transform_qk(spec, params, q, k, call)  # REL-3 (1): before the fused kernel
     s = spec.effective_scale
     gqa = k.shape[1] != q.shape[1]  # HEAD-3: SDPA repeats each key/value head for G consecutive query heads
     plain_causal = spec.causal and spec.window is None and call.default_positions

@@ -20,7 +20,9 @@ Grouped key/value heads (HEAD-3) are read in place: a tile holds whole groups
 of query heads, or part of one group, and stacks a group's queries against
 its key/value head (``_core.grouped_scores``); values may have their own head
 size dv (HEAD-4). The soft cap (SOFTCAP-1) applies to the score of each tile
-before its bias and its masks.
+before its bias and its masks. A scheme's q/k transform (RoPE, REL-3 (1))
+rotates the whole q and k once per call, before the first tile; the tiles
+then run as for vanilla attention.
 
 The knobs live in the frozen ``Tiles`` object; the defaults are the measured ones.
 Axis legend (AXES-1): B, H, Lq, Lk, d; Hkv, G = H / Hkv (HEAD-3); dv (HEAD-4);
@@ -38,7 +40,7 @@ from spec._fields import require_int
 
 from .. import _core, schemes
 from .._workspace import Workspace, take
-from ._base import Kernel
+from ._base import Kernel, transform_qk
 
 #: Logits per tile on the CPU: 1 Mi elements (4 MiB in float32) keep a tile's
 #: logits, weights and relative term in the last-level cache and in reused
@@ -55,6 +57,9 @@ CPU_QUERY_ROWS = 256
 #: 2^28 elements, no short query tiles. Many small tiles would be many small
 #: kernel launches there; this value is not tuned by a measurement yet.
 ACCELERATOR_ELEMENTS = 1 << 28
+#: The hook kinds a scheme's tile hooks serve (``tile_state``, ``tile_key_term``, ``tile_value_term``);
+#: the q/k transform runs once on the whole q and k before the tiles.
+TILE_HOOKS = frozenset({"key_term", "value_term"})
 
 
 @dataclass(frozen=True)
@@ -69,7 +74,7 @@ class Tiles(Kernel):
     """
 
     name: ClassVar[str] = "tiles"
-    scheme_hooks: ClassVar[frozenset] = frozenset({"key_term", "value_term"})
+    scheme_hooks: ClassVar[frozenset] = frozenset({"qk_transform", "key_term", "value_term"})
 
     elements: Optional[int] = None
     query_rows: Optional[int] = None
@@ -184,20 +189,23 @@ class _Run(NamedTuple):
 def attention(plan: Tiles, spec, params: dict, q, k, v, call: _core.Call):
     """q (B, H, Lq, d), k (B, Hkv, Lk, d), v (B, Hkv, Lk, dv) -> (o (B, H, Lq, dv), weights (B, H, Lq, Lk) or None).
 
-    Implements SCALE-2..4, REL-1, SOFTCAP-1, MASK-4..6 (through ``call.allowed``:
+    Implements REL-3, SCALE-2..4, REL-1, SOFTCAP-1, MASK-4..6 (through ``call.allowed``:
     CAUSAL-1, WINDOW-1), SOFTMAX-1, DROP-1, DROP-4, HEAD-3, HEAD-4, PREC-4.
     """
+    q, k = transform_qk(spec, params, q, k, call)  # REL-3 (1): once per call, before any tile
     B, H, Lq, _ = q.shape
     Lk = k.shape[2]
     default = call.default_positions
     reach = _key_reach(spec) if default and spec.mask_fill is None else None  # skip keys no query may attend
+    hooks = frozenset() if spec.relative is None else spec.relative.hooks
     grid = plan.grid(
         B,
         H,
         Lq,
         Lk,
         causal_prefix=reach is not None,
-        short_rows=reach is not None or (spec.relative is not None and default),
+        # the skew and the bands of the tile hooks cost less in short tiles; a q/k transform is done already
+        short_rows=reach is not None or (bool(hooks & TILE_HOOKS) and default),
         device_type=q.device.type,
         reach=reach or 0,
         group=spec.group_size,
@@ -206,8 +214,7 @@ def attention(plan: Tiles, spec, params: dict, q, k, v, call: _core.Call):
     stat = _core.stat_dtype(q.dtype)
     q_s = q * spec.effective_scale  # SCALE-2 folded into the query: a (B, H, Lq, d) pass, not (Lq, Lk)
     unit = state = None
-    hooks = frozenset() if spec.relative is None else spec.relative.hooks
-    if spec.relative is not None:  # SCALE-3: the relative term sees s * q or q
+    if hooks & TILE_HOOKS:  # SCALE-3: the relative term sees s * q or q
         unit = schemes.module_for(spec.relative)
         state = unit.tile_state(
             spec.relative,

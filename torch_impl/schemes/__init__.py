@@ -1,6 +1,6 @@
 """Position schemes in PyTorch: one module per scheme, found by ``scheme.name`` (REL-3, REL-4).
 
-A scheme (``spec.Shaw``, ``spec.Huang``, ...) says *what* it adds through
+A scheme (``spec.Shaw``, ``spec.Huang``, ``spec.Rope``, ...) says *what* it adds through
 the hooks it lists in ``scheme.hooks`` (from ``spec.HOOKS``); its module
 here says how. Kernels (``torch_impl.kernels``) call the hooks and never
 look at the scheme's type; a kernel whose call site for a hook is missing
@@ -9,8 +9,8 @@ says so through its ``unsupported`` (KERN-1).
 Hook protocol. ``params`` is the canonical dict of tensors; ``delta`` the
 int64 distances (1|B, Lq, Lk) (POS-2). Axis legend (AXES-1): B, H, Lq, Lk, d;
 dv the value head dim (HEAD-4), the columns of a value-side table. The
-hooks see the H query heads only: with grouped key/value heads (HEAD-3) a
-per-head table still has one table per query head.
+key-term and value-term hooks see the H query heads only: with grouped
+key/value heads (HEAD-3) a per-head table still has one table per query head.
 
 Eager hooks (the readable algorithms, whole (B, H, Lq, Lk) arrays):
 
@@ -36,22 +36,30 @@ to the tile)):
 - ``tile_value_term(state, w, tile) -> (b, h, T, dv)`` from the tile's
   weights after dropout (b, h, T, k1).
 
+Transform hook (every kernel calls it once per call, after the head split
+and before any logit, REL-3 (1); the tiles kernel before its first tile):
+
+- ``qk_transform(scheme, params, q, k, q_positions, k_positions) -> (q, k)``,
+  q (B, H, Lq, d) and k (B, Hkv, Lk, d) (HEAD-3: k keeps its key/value
+  heads), positions (1|B, Lq) and (1|B, Lk) int64 (POS-1, the defaults
+  filled in); the same shapes and dtypes come back (RoPE, ``rope.py``). The
+  kernels' shared call site is ``kernels._base.transform_qk``.
+
 A later scheme adds one module and, for a hook kind no module has used
-yet, one call site per kernel: ``qk_transform(scheme, params, q, k,
-q_positions, k_positions) -> (q, k)`` after the head split (RoPE), and
-``bias(scheme, params, delta) -> (1|B, 1|H, Lq, Lk)`` beside the ``bias``
-input (ALiBi, T5, Swin), with ``tile_bias(state, tile)`` for the tiles.
+yet, one call site per kernel: ``bias(scheme, params, delta) -> (1|B, 1|H,
+Lq, Lk)`` beside the ``bias`` input (ALiBi, T5, Swin), with
+``tile_bias(state, tile)`` for the tiles.
 """
 
 from __future__ import annotations
 
 from spec.schemes import ModuleRegistry
 
-from . import huang, shaw
+from . import huang, rope, shaw
 
 __all__ = ["REGISTRY", "module_for", "register_module"]
 
 #: scheme name -> its torch_impl module (REL-4).
-REGISTRY = ModuleRegistry("torch_impl", {"shaw": shaw, "huang": huang})
+REGISTRY = ModuleRegistry("torch_impl", {"shaw": shaw, "huang": huang, "rope": rope})
 register_module = REGISTRY.register_module
 module_for = REGISTRY.module_for
