@@ -48,6 +48,8 @@ Axis legend (AXES-1): B, H, Lq, Lk, D, d; Hkv key/value heads; r rotated channel
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 
 from . import _rope_glue, _torch
@@ -238,38 +240,44 @@ class _GlueAdapter(_torch.TorchAdapter):
         return _rope_glue.torch_run(spec, params, inputs, device, rotate, need_weights=False, grad_out=grad_out)
 
 
-class HFLlamaRopeAdapter(_GlueAdapter):
+class _RotateHalfAdapter(_GlueAdapter):
+    """A model's rotary embedding module and its ``apply_rotary_pos_emb`` (rotate_half) in the glue."""
+
+    model_module: str = ""  # the transformers module that defines apply_rotary_pos_emb
+
+    def embedding(self, spec, dtype, device):
+        """The model's rotary embedding module: ``emb(x, position_ids) -> (cos, sin)``."""
+        raise NotImplementedError
+
+    def rotation(self, spec, dtype, device):
+        apply_rotary_pos_emb = importlib.import_module(self.model_module).apply_rotary_pos_emb
+        emb = self.embedding(spec, dtype, device)
+
+        def rotate(x, positions):
+            cos, sin = emb(x, _positions(positions, x.device))  # (1|B, L, rotated channels)
+            return apply_rotary_pos_emb(x, x, cos, sin)[0]
+
+        return rotate
+
+
+class HFLlamaRopeAdapter(_RotateHalfAdapter):
     name = "hf-llama-rope"
     description = "transformers LlamaRotaryEmbedding + apply_rotary_pos_emb (Llama) in the RoPE glue"
     notes = {"rope-interleaved": "Llama's rotate_half pairs channel c with c + d/2 only (ROPE-3)"}
+    model_module = "transformers.models.llama.modeling_llama"
 
-    def rotation(self, spec, dtype, device):
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-        emb = llama_rotary(spec, dtype, device)
-
-        def rotate(x, positions):
-            cos, sin = emb(x, _positions(positions, x.device))  # (1|B, L, d)
-            return apply_rotary_pos_emb(x, x, cos, sin)[0]
-
-        return rotate
+    def embedding(self, spec, dtype, device):
+        return llama_rotary(spec, dtype, device)
 
 
-class HFGPTNeoXRopeAdapter(_GlueAdapter):
+class HFGPTNeoXRopeAdapter(_RotateHalfAdapter):
     name = "hf-gptneox-rope"
     description = "transformers GPTNeoXRotaryEmbedding + apply_rotary_pos_emb (GPT-NeoX, partial) in the RoPE glue"
     notes = {"rope-interleaved": "GPT-NeoX's rotate_half pairs channel c with c + r/2 only (ROPE-3)"}
+    model_module = "transformers.models.gpt_neox.modeling_gpt_neox"
 
-    def rotation(self, spec, dtype, device):
-        from transformers.models.gpt_neox.modeling_gpt_neox import apply_rotary_pos_emb
-
-        emb = gptneox_rotary(spec, dtype, device)
-
-        def rotate(x, positions):
-            cos, sin = emb(x, _positions(positions, x.device))  # (1|B, L, 2 * len(inv_freq))
-            return apply_rotary_pos_emb(x, x, cos, sin)[0]
-
-        return rotate
+    def embedding(self, spec, dtype, device):
+        return gptneox_rotary(spec, dtype, device)
 
 
 class HFGPTJRopeAdapter(_GlueAdapter):
