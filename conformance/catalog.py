@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from spec import AttentionSpec, Huang, Rope, Shaw, profiles
+from spec import AttentionSpec, Huang, Rope, Shaw, dynamic_ntk_alpha, profiles
 
 from .cases import Bias, Case, Dims, Keep, Mask, Positions, Twin
 
@@ -676,7 +676,7 @@ def _cases() -> list[Case]:
     add(
         Case(
             "rope/half/self/basic",
-            CORE + ROPE + ("PARAM-3",),
+            CORE + ROPE + ("PARAM-3", "ROPE-8"),
             R,
             D6,
             self_attention=True,
@@ -736,6 +736,15 @@ def _cases() -> list[Case]:
             ROPE + ("ROPE-13", "PROJ-1"),
             replace(R, relative=Rope.ntk(3.0, rotary_dim=8), bias=False),
             CROSS,
+        )
+    )
+    # ROPE-11: dynamic NTK scaling for a call of 9 keys past an original length of 4 is Rope.ntk(alpha(9))
+    add(
+        Case(
+            "rope/ntk/cross/dynamic-at-context-length-9",
+            ROPE + ("ROPE-11", "ROPE-13"),
+            replace(R, relative=Rope.ntk(dynamic_ntk_alpha(2.0, 4, 9), rotary_dim=8)),
+            Dims(2, 4, 9),
         )
     )
     add(

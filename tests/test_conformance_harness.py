@@ -4,6 +4,7 @@ import json
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -49,7 +50,7 @@ def test_manifest_is_canonical_and_matches_the_catalog():
 
 
 def test_goldens_are_small():
-    # about 90 KB per case (four dtypes, gradients, the manifest entry); 130 cases take 11.5 MiB
+    # about 90 KB per case (four dtypes, gradients, the manifest entry); 131 cases take 11.3 MiB
     total = sum(p.stat().st_size for p in store.GOLDEN_DIR.iterdir())
     assert total < 13 * 2**20, f"goldens take {total / 2**20:.1f} MiB"
 
@@ -114,7 +115,8 @@ def test_naive_emulation_in_float64_is_a_second_implementation():
             assert sorted(n_grads) == sorted(grads), seed
             for name in grads:
                 np.testing.assert_allclose(n_grads[name], grads[name], atol=1e-11, rtol=0, err_msg=name)
-    assert schemes == {None, "shaw", "huang"}, f"the draws must reach every scheme's naive module, got {schemes}"
+    reached = f"the draws must reach every scheme's naive module, got {schemes}"
+    assert schemes == {None, "shaw", "huang", "rope"}, reached
 
 
 def test_verify_tells_machine_noise_from_drift():
@@ -156,6 +158,8 @@ class ReorderedReference(NumpyRefAdapter):
         features = rng.permutation(D)
         within = rng.permutation(d)  # one channel order for every query/key head and for rel_k
         within_v = rng.permutation(dv)  # and one for every value head and rel_v (HEAD-4)
+        if spec.relative is not None and spec.relative.name == "rope":
+            within, spec = self.rope_order(spec, rng)
         channels = {
             "q": np.concatenate([h * d + within for h in range(H)]),
             "k": np.concatenate([h * d + within for h in range(Hkv)]),  # HEAD-3
@@ -172,6 +176,21 @@ class ReorderedReference(NumpyRefAdapter):
                 p[n] = params[n][..., order]
         x = {n: (a[..., features] if n in ("query", "key", "value") else a) for n, a in inputs.items()}
         return super().forward(spec, p, x, device=device, need_weights=need_weights)
+
+    @staticmethod
+    def rope_order(spec, rng):
+        """ROPE-3: pairs move as wholes (each keeps its frequency, so inv_freq is permuted with them) and
+        the unrotated channels among themselves: the same layer, every q.k sum in another order."""
+        rope, d = spec.relative, spec.head_dim
+        r = rope.rotated(d)
+        pairs = rng.permutation(r // 2)  # new pair c reads old pair pairs[c]
+        if rope.layout == "half":
+            rotated = np.concatenate([pairs, pairs + r // 2])
+        else:
+            rotated = np.stack([2 * pairs, 2 * pairs + 1], axis=1).ravel()
+        within = np.concatenate([rotated, r + rng.permutation(d - r)])
+        freqs = np.asarray(rope.frequencies(d))[pairs]
+        return within, replace(spec, relative=replace(rope, rotary_dim=r, inv_freq=tuple(float(f) for f in freqs)))
 
     def capabilities(self):
         from conformance.adapters.base import FEATURES, Capabilities
