@@ -230,6 +230,19 @@ def _units(plan: Plan, names: list) -> list:
     return groups
 
 
+def _threads_per_worker(threads: int) -> None:
+    """Worker set-up, before any framework loads: ``threads`` intra-op threads (OMP_NUM_THREADS, which
+    PyTorch's CPU ops read), unless the environment sets a number.
+
+    ``jobs`` workers with a thread per core each would put ``jobs`` times the cores' threads on the cores;
+    the small operations of the cases then spend more time waiting for each other's threads than
+    computing (the tiny-tile torch checks took over twice the CPU time with 2 workers on 2 cores).
+    """
+    import os
+
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+
+
 def _run_parallel(plan: Plan, names: list, directory: pathlib.Path, progress, jobs: int) -> list:
     """The cells of the plan over ``jobs`` processes; the results in matrix order."""
     import concurrent.futures
@@ -252,7 +265,10 @@ def _run_parallel(plan: Plan, names: list, directory: pathlib.Path, progress, jo
     ids = [c.id for c in plan.cases]
     out: dict = {}
     try:
-        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
+        threads = max(1, (os.cpu_count() or 1) // jobs)
+        with concurrent.futures.ProcessPoolExecutor(
+            jobs, mp_context=context, initializer=_threads_per_worker, initargs=(threads,)
+        ) as pool:
             futures = {
                 pool.submit(_run_unit, tuple(names[i] for i in group), ids, dtype, plan.devices, str(directory), q): (
                     group,

@@ -18,6 +18,15 @@ settings.register_profile(
 )
 settings.load_profile("attnspec")
 
+# pytest-xdist runs one worker per core: each gets its share of the cores as
+# intra-op threads (OMP_NUM_THREADS, read by PyTorch's CPU ops when it loads),
+# unless the environment sets a number. A thread per core in every worker
+# oversubscribes the cores, and the many small operations of the tests then
+# mostly wait for each other's threads.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
+
 # The mutant kill table is gathered in a temporary folder (one JSON file per
 # mutant) rather than in pytest's cache, so that it works with xdist workers
 # and under `-p no:cacheprovider` (read-only checkouts). The controller makes

@@ -13,10 +13,15 @@ conformance run``, and so does the quick start's first command:
   to exactly the kernel object ``jax:tiles`` pins
   (``test_jax_automatic_choice_is_the_tiles_kernel`` checks this case by
   case), so its cells would run the same programs again;
-- the 16-bit cells of ``jax:xla`` and ``jax:tiles`` (their float64 and
-  float32 cells run here; the 16-bit arithmetic of jax_impl is tested here
-  by tests/test_jax_impl.py in every dtype, and cell by cell
-  by ``.ci/run``).
+- ``jax:xla``, the readable baseline (tests/test_jax_kernels.py checks it
+  against the reference here, as every kernel), and the 16-bit cells of
+  ``jax:tiles`` (its float64 and float32 cells run here; the 16-bit
+  arithmetic of jax_impl is tested here by tests/test_jax_impl.py in every
+  dtype, and cell by cell by ``.ci/run``);
+- the outside RoPE adapters (``hf-*``, ``rotary-embedding-torch``,
+  ``torchtune-rope``, ``xt-rope``, ``keras-hub-rope``, ``gemma-rope``):
+  their own test files here check each library against the reference, and
+  ``.ci/run`` runs their cells.
 """
 
 import pytest
@@ -30,14 +35,27 @@ from conformance.store import load_case, load_manifest
 MANIFEST = load_manifest()
 DEVIATIONS = runner.load_deviations()
 #: adapter -> the dtypes whose cells only `python -m conformance run` (and .ci/run) covers
+ALL = ("float64", "float32", "bfloat16", "float16")
 CLI_ONLY = {
-    "jax": ("float64", "float32", "bfloat16", "float16"),
-    # eager JAX glue around a Keras layer or a jax function: minutes per dtype; .ci/run installs them with
-    # --no-deps (their requirements pull in TensorFlow) and runs them through `python -m conformance run`
-    "keras-hub-rope": ("float64", "float32", "bfloat16", "float16"),
-    "gemma-rope": ("float64", "float32", "bfloat16", "float16"),
-    "jax:xla": ("bfloat16", "float16"),
+    "jax": ALL,
+    "jax:xla": ALL,
     "jax:tiles": ("bfloat16", "float16"),
+    # the outside RoPE adapters: each library's own tests here (tests/test_*rope*.py) check it against the
+    # reference; its cells run in `python -m conformance run` (keras-hub and Gemma are installed by .ci/run alone)
+    **dict.fromkeys(
+        [
+            "hf-llama-rope",
+            "hf-llama-attention",
+            "hf-gptneox-rope",
+            "hf-gptj-rope",
+            "rotary-embedding-torch",
+            "torchtune-rope",
+            "xt-rope",
+            "keras-hub-rope",
+            "gemma-rope",
+        ],
+        ALL,
+    ),
 }
 ADAPTERS = {name: load_adapter(name) for name in BUILTIN if len(CLI_ONLY.get(name, ())) < 4}
 CELLS = [c for c in runner.matrix(runner.Plan(list(ADAPTERS.values()))) if c[3] not in CLI_ONLY.get(c[0].name, ())]

@@ -14,8 +14,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed; pip install attnspec[torch]")
 
 import numpy_ref  # noqa: E402
-from conformance.adapters import BUILTIN, load_adapter, torch_rope_libs  # noqa: E402
-from spec import AttentionSpec, Rope, Shaw  # noqa: E402
+from conformance.adapters import BUILTIN, _rope_glue, load_adapter, torch_rope_libs  # noqa: E402
+from spec import AttentionSpec, Rope  # noqa: E402
 
 F32 = 2.0**-24  # float32's unit roundoff
 PINS = {
@@ -168,24 +168,29 @@ def test_a_missing_library_is_unavailable_with_its_pip_command(monkeypatch):
         assert "cannot be imported" in reason and f"pip install {pip}" in reason
 
 
-def test_a_spec_that_is_not_rope_is_refused_by_name():
-    spec = AttentionSpec(2, 4, relative=Shaw(2))
-    with pytest.raises(ValueError, match=r"xt-rope: expected spec.relative to be a Rope or None, got 'shaw'"):
-        load_adapter("xt-rope").rotation(spec, torch.float64, "cpu")
+def test_cases_without_a_rope_are_skipped_with_the_reason():
+    """Capabilities.requires: a rotation-only adapter would check the glue alone on them."""
+    from conformance import runner
+    from conformance.catalog import BY_ID
+
+    plan = runner.Plan([load_adapter("xt-rope")], cases=[BY_ID["shaw/k2/self/basic"], BY_ID["rope/half/self/basic"]])
+    skips = {case.id: skip for *_, case, skip in runner.matrix(plan)}
+    assert skips["shaw/k2/self/basic"] == "certifies only cases that use rope"
+    assert not skips["rope/half/self/basic"]
 
 
-def test_dead_keys_are_zeroed_before_the_glue():
+def test_the_glue_zeroes_dead_keys():
     """MASK-7: a key that no query of any head may attend (here by the mask, and by causality on the positions)
     has its key and value rows zeroed; keys some query attends are untouched; self-attention is left alone."""
     spec = AttentionSpec(2, 4, causal=True, relative=Rope())
     key = np.arange(2 * 4 * 8, dtype=np.float64).reshape(2, 4, 8) + 1
     mask = np.array([True, True, False, True])[None, None, None, :]  # key 2 masked for every query
     inputs = {"query": np.ones((2, 3, 8)), "key": key, "value": -key, "mask": mask, "q_positions": np.arange(3)}
-    out = torch_rope_libs._without_dead_keys(spec, inputs)
+    out = _rope_glue.without_dead_keys(spec, inputs)
     dead = np.array([False, False, True, True])  # key 3 is after every query (CAUSAL-1), key 2 masked
     assert (out["key"][:, dead] == 0).all() and (out["value"][:, dead] == 0).all()
     assert (out["key"][:, ~dead] == key[:, ~dead]).all() and (out["value"][:, ~dead] == -key[:, ~dead]).all()
-    assert torch_rope_libs._without_dead_keys(spec, {"query": inputs["query"]}) == {"query": inputs["query"]}
+    assert _rope_glue.without_dead_keys(spec, {"query": inputs["query"]}) == {"query": inputs["query"]}
 
 
 # ------------------------------------------------------------------- frequencies against the spec

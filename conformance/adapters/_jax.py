@@ -84,13 +84,17 @@ def device_of(name: str):
 
 
 def to_jax(a, device: str):
+    """The array on the device, its dtype kept (x64 is on).
+
+    ``device_put`` copies a NumPy array as it is; ``jnp.asarray`` would first
+    compile a small program per shape and dtype, which the per-case
+    ``release`` then drops, so every case compiled its own again.
+    """
     import jax
-    import jax.numpy as jnp
 
     if a is None:
         return None
-    a = np.asarray(a)
-    return jax.device_put(jnp.asarray(a), device_of(device))
+    return jax.device_put(np.asarray(a), device_of(device))
 
 
 def to_numpy(x) -> np.ndarray:

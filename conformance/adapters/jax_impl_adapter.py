@@ -38,7 +38,7 @@ class JaxImplAdapter(_jax.JaxAdapter):
     @staticmethod
     @functools.lru_cache(maxsize=None)
     def _compiled(spec, precision, implementation):
-        """(out_w, weights, out, grads) = f(params, diff_inputs, other_inputs, grad_out), jitted per spec.
+        """(out_w, weights, out, grads) = f(params, called_inputs, other_inputs, grad_out), jitted per spec.
 
         One program per case and dtype holds the call that asks for weights, the call that does not (a
         kernel's other path), and the gradients of the latter (what training differentiates).
@@ -47,7 +47,7 @@ class JaxImplAdapter(_jax.JaxAdapter):
 
         import jax_impl
 
-        def fwd_vjp(params, diff, other, g, omitted):
+        def fwd_vjp(params, called, other, g, omitted):
             def f(params, diff, weights):
                 with jax.default_matmul_precision(precision):
                     return jax_impl.attention(
@@ -62,11 +62,17 @@ class JaxImplAdapter(_jax.JaxAdapter):
                         implementation=implementation,
                     )
 
-            # The forward of a case that omits key and/or value (SHAPE-2) is called without them,
-            # while its gradients are partials for three separate inputs: both in one program.
-            called = {n: a for n, a in diff.items() if n not in omitted}
+            # The forward of a case that omits key and/or value (SHAPE-2) is called without them, while
+            # its gradients are partials for three separate inputs. Those inputs are leaves of their own
+            # that hold the very array they stand for (key = query, value = key): jax.vjp gives each leaf
+            # its own partial, and XLA sees one forward computation where it would see two on copies.
+            explicit = dict(called)
+            if "key" in omitted:
+                explicit["key"] = called["query"]
+            if "value" in omitted:
+                explicit["value"] = explicit["key"]
             out_w, weights = f(params, called, True)
-            out, pullback = jax.vjp(lambda p, d: f(p, d, False), params, diff)
+            out, pullback = jax.vjp(lambda p, d: f(p, d, False), params, explicit)
             if omitted:
                 out = f(params, called, False)
             return out_w, weights, out, pullback(g)
@@ -103,12 +109,12 @@ class JaxImplAdapter(_jax.JaxAdapter):
             omitted = ("value",)
         else:
             omitted = ()
-        inputs = {**inputs, "key": key, "value": value}  # explicit leaves for the vjp
+        inputs = {**inputs, "key": key, "value": value}
         p = {n: _jax.to_jax(a, device) for n, a in params.items()}
-        diff = {n: _jax.to_jax(inputs[n], device) for n in DIFF_INPUTS if n in inputs}
+        called = {n: _jax.to_jax(inputs[n], device) for n in DIFF_INPUTS if n in inputs and n not in omitted}
         other = {n: _jax.to_jax(a, device) for n, a in inputs.items() if n not in DIFF_INPUTS}
         g = _jax.to_jax(np.zeros(x.shape, x.dtype) if grad_out is None else grad_out, device)
-        return fn(p, diff, other, g, omitted=omitted)
+        return fn(p, called, other, g, omitted=omitted)
 
     def forward(self, spec, params, inputs, *, device, need_weights):
         out_w, weights, out, _ = self._run(spec, params, inputs, None, device)
