@@ -186,11 +186,12 @@ def test_the_glue_zeroes_dead_keys():
     key = np.arange(2 * 4 * 8, dtype=np.float64).reshape(2, 4, 8) + 1
     mask = np.array([True, True, False, True])[None, None, None, :]  # key 2 masked for every query
     inputs = {"query": np.ones((2, 3, 8)), "key": key, "value": -key, "mask": mask, "q_positions": np.arange(3)}
-    out = _rope_glue.without_dead_keys(spec, inputs)
+    out = _rope_glue.without_dead_keys(spec, inputs, _rope_glue.allowed_keys(spec, inputs))
     dead = np.array([False, False, True, True])  # key 3 is after every query (CAUSAL-1), key 2 masked
     assert (out["key"][:, dead] == 0).all() and (out["value"][:, dead] == 0).all()
     assert (out["key"][:, ~dead] == key[:, ~dead]).all() and (out["value"][:, ~dead] == -key[:, ~dead]).all()
-    assert _rope_glue.without_dead_keys(spec, {"query": inputs["query"]}) == {"query": inputs["query"]}
+    alone = {"query": inputs["query"]}
+    assert _rope_glue.without_dead_keys(spec, alone, _rope_glue.allowed_keys(spec, alone)) == alone
 
 
 # ------------------------------------------------------------------- frequencies against the spec

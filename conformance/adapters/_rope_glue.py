@@ -47,7 +47,23 @@ def interleaved_orders(rope, d: int):
     return np.argsort(to_half), to_half
 
 
-def without_dead_keys(spec, inputs: dict) -> dict:
+def allowed_keys(spec, inputs: dict) -> np.ndarray:
+    """MASK-4: the allowed keys (B, H, Lq, Lk) from the mask, -inf bias entries (BIAS-2) and causality on
+    the positions' distance (CAUSAL-1, POS-2); computed once per call, for the core and for MASK-7."""
+    B, Lq = inputs["query"].shape[:2]
+    Lk = inputs.get("key", inputs["query"]).shape[1]
+    allowed = np.ones((B, spec.num_heads, Lq, Lk), dtype=bool)
+    if inputs.get("mask") is not None:
+        allowed = allowed & np.asarray(inputs["mask"])
+    if inputs.get("bias") is not None:
+        allowed = allowed & (np.asarray(inputs["bias"]).astype(np.float64) != -np.inf)
+    if spec.causal:
+        qp, kp = positions(inputs, "q_positions", Lq), positions(inputs, "k_positions", Lk)
+        allowed = allowed & ((kp[:, None, :] - qp[:, :, None]) <= 0)[:, None]
+    return allowed
+
+
+def without_dead_keys(spec, inputs: dict, allowed: np.ndarray) -> dict:
     """MASK-7: the key and value rows of keys that no query of any head may attend, set to 0.
 
     ``weights @ v`` multiplies a dead key's weight 0 by its value row, and
@@ -56,16 +72,6 @@ def without_dead_keys(spec, inputs: dict) -> dict:
     """
     if inputs.get("key") is None:
         return inputs
-    B, Lq = inputs["query"].shape[:2]
-    Lk = inputs["key"].shape[1]
-    allowed = np.ones((B, spec.num_heads, Lq, Lk), dtype=bool)
-    if inputs.get("mask") is not None:
-        allowed = allowed & np.asarray(inputs["mask"])
-    if inputs.get("bias") is not None:
-        allowed = allowed & (np.asarray(inputs["bias"]).astype(np.float64) != -np.inf)
-    if spec.causal:  # CAUSAL-1 on the positions' distance (POS-2)
-        qp, kp = positions(inputs, "q_positions", Lq), positions(inputs, "k_positions", Lk)
-        allowed = allowed & ((kp[:, None, :] - qp[:, :, None]) <= 0)[:, None]
     dead = ~allowed.any(axis=(1, 2))  # (B, Lk)
     if not dead.any():
         return inputs
@@ -79,9 +85,12 @@ def without_dead_keys(spec, inputs: dict) -> dict:
 
 
 # ---------------------------------------------------------------------- torch
-def torch_forward(spec, t: dict, inputs: dict, rotate, *, need_weights: bool):
-    """out (B, Lq, D) [and weights (B, H, Lq, Lk)] from the tensors ``t`` (params and query/key/value)."""
+def torch_forward(spec, t: dict, inputs: dict, allowed, rotate, *, need_weights: bool):
+    """out (B, Lq, D) [and weights (B, H, Lq, Lk)] from the tensors ``t`` (params and query/key/value) and the
+    allowed keys (``allowed_keys``, a bool tensor)."""
     import torch
+
+    from . import _torch
 
     x = t["query"]
     key = t.get("key", x)
@@ -101,15 +110,8 @@ def torch_forward(spec, t: dict, inputs: dict, rotate, *, need_weights: bool):
     v = proj(value, "wv", "bv", Hkv)
     k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)  # HEAD-3: contiguous groups
     logits = spec.effective_scale * (q @ k.transpose(-1, -2))  # SCALE-2
-    allowed = torch.ones((B, H, Lq, Lk), dtype=torch.bool, device=x.device)
-    if "bias" in t:  # BIAS-1, BIAS-2
+    if "bias" in t:  # BIAS-1 (its -inf entries are in ``allowed``, BIAS-2)
         logits = logits + t["bias"]
-        allowed = allowed & (t["bias"] != -torch.inf)
-    if spec.causal:  # CAUSAL-1 on the positions' distance (POS-2)
-        delta = torch.from_numpy(kp[:, None, :] - qp[:, :, None]).to(x.device)
-        allowed = allowed & (delta <= 0)[:, None]
-    if inputs.get("mask") is not None:
-        allowed = allowed & torch.from_numpy(np.asarray(inputs["mask"])).to(x.device)
     stat = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype  # PREC-4
     z = torch.where(allowed, logits.to(stat), -torch.inf)
     peak = z.amax(-1, keepdim=True).nan_to_num(0.0, neginf=0.0).detach()
@@ -118,7 +120,7 @@ def torch_forward(spec, t: dict, inputs: dict, rotate, *, need_weights: bool):
     w = torch.where(total > 0, e / torch.where(total > 0, total, 1.0), 0.0)  # MASK-5: empty rows are 0
     dropped = w
     if inputs.get("dropout_keep") is not None:  # DROP-1
-        keep = torch.from_numpy(np.asarray(inputs["dropout_keep"])).to(x.device)
+        keep = _torch.to_torch(inputs["dropout_keep"], x.device)
         dropped = torch.where(keep, w / (1.0 - spec.dropout), 0.0)
     o = (dropped @ v.to(stat)).to(x.dtype)  # (B, H, Lq, dv)
     out = o.transpose(1, 2).reshape(B, Lq, -1) @ t["wo"]  # OUT-1
@@ -134,9 +136,11 @@ def torch_run(spec, params: dict, inputs: dict, device: str, rotate, *, need_wei
 
     skip = ("mask", "q_positions", "k_positions", "dropout_keep")
     wanted = grad_out is not None
-    inputs = without_dead_keys(spec, inputs)
+    allowed = allowed_keys(spec, inputs)
+    inputs = without_dead_keys(spec, inputs, allowed)
     t = {n: _torch.to_torch(a, device, requires_grad=wanted) for n, a in {**params, **inputs}.items() if n not in skip}
-    out, weights = torch_forward(spec, t, inputs, rotate, need_weights=need_weights and not wanted)
+    allowed = _torch.to_torch(allowed, device)
+    out, weights = torch_forward(spec, t, inputs, allowed, rotate, need_weights=need_weights and not wanted)
     if not wanted:
         res = {"out": _torch.to_numpy(out)}
         if need_weights:
@@ -148,7 +152,7 @@ def torch_run(spec, params: dict, inputs: dict, device: str, rotate, *, need_wei
 
 
 # ------------------------------------------------------------------------ jax
-def jax_forward(spec, t: dict, inputs: dict, rotate, *, need_weights: bool):
+def jax_forward(spec, t: dict, inputs: dict, allowed, rotate, *, need_weights: bool):
     """The JAX twin of ``torch_forward``; ``t`` holds jax arrays."""
     import jax
     import jax.numpy as jnp
@@ -172,14 +176,8 @@ def jax_forward(spec, t: dict, inputs: dict, rotate, *, need_weights: bool):
     v = proj(value, "wv", "bv", Hkv)
     k, v = jnp.repeat(k, G, axis=1), jnp.repeat(v, G, axis=1)
     logits = spec.effective_scale * jnp.matmul(q, k.swapaxes(-1, -2), precision=hi)
-    allowed = jnp.ones((B, H, Lq, Lk), dtype=bool)
     if "bias" in t:
         logits = logits + t["bias"]
-        allowed = allowed & (t["bias"] != -jnp.inf)
-    if spec.causal:
-        allowed = allowed & jnp.asarray((kp[:, None, :] - qp[:, :, None]) <= 0)[:, None]
-    if inputs.get("mask") is not None:
-        allowed = allowed & jnp.asarray(inputs["mask"])
     stat = jnp.float32 if x.dtype in (jnp.float16, jnp.bfloat16) else x.dtype
     z = jnp.where(allowed, logits.astype(stat), -jnp.inf)
     peak = jax.lax.stop_gradient(jnp.where(jnp.isfinite(z.max(-1, keepdims=True)), z.max(-1, keepdims=True), 0.0))
@@ -202,14 +200,16 @@ def jax_run(spec, params: dict, inputs: dict, device: str, rotate, *, need_weigh
     from . import _jax
 
     skip = ("mask", "q_positions", "k_positions", "dropout_keep")
-    inputs = without_dead_keys(spec, inputs)
+    allowed = allowed_keys(spec, inputs)
+    inputs = without_dead_keys(spec, inputs, allowed)
+    allowed = _jax.to_jax(allowed, device)
     t = {n: _jax.to_jax(a, device) for n, a in {**params, **inputs}.items() if n not in skip}
     if grad_out is None:
-        out, weights = jax_forward(spec, t, inputs, rotate, need_weights=need_weights)
+        out, weights = jax_forward(spec, t, inputs, allowed, rotate, need_weights=need_weights)
         res = {"out": _jax.to_numpy(out)}
         if need_weights:
             res["weights"] = _jax.to_numpy(weights)
         return res
-    out, pullback = jax.vjp(lambda leaves: jax_forward(spec, leaves, inputs, rotate, need_weights=False)[0], t)
+    out, pullback = jax.vjp(lambda leaves: jax_forward(spec, leaves, inputs, allowed, rotate, need_weights=False)[0], t)
     (grads,) = pullback(_jax.to_jax(np.asarray(grad_out), device).astype(out.dtype))
     return {n: _jax.to_numpy(g) for n, g in grads.items()}

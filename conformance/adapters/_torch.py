@@ -36,12 +36,17 @@ def pin_numerics() -> dict:
     }
 
 
-def dtype_of(a: np.ndarray):
+def torch_dtype(name: str):
+    """The torch dtype of a test dtype name ("float64", "float32", "float16", "bfloat16")."""
     import torch
 
     return {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[
-        a.dtype.name
+        name
     ]
+
+
+def dtype_of(a: np.ndarray):
+    return torch_dtype(a.dtype.name)
 
 
 def to_torch(a, device: str, requires_grad: bool = False):

@@ -72,14 +72,6 @@ def transformers_unavailable():
     return None
 
 
-def _torch_dtype(name: str):
-    import torch
-
-    return {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[
-        name
-    ]
-
-
 def _rope(spec):
     return spec.relative if getattr(spec.relative, "name", None) == "rope" else None  # REL-3: by name
 
@@ -122,7 +114,7 @@ def llama_rotary(spec, dtype: str, device: str):
         _load_frequencies(emb, "inv_freq", rope.inv_freq)
         _load_frequencies(emb, "original_inv_freq", rope.inv_freq)
     emb.attention_scaling = rope.attention_factor  # ROPE-7: HF multiplies cos and sin by it
-    return emb.to(device=device, dtype=_torch_dtype(dtype))
+    return emb.to(device=device, dtype=_torch.torch_dtype(dtype))
 
 
 def gptneox_rotary(spec, dtype: str, device: str):
@@ -146,7 +138,7 @@ def gptneox_rotary(spec, dtype: str, device: str):
         _load_frequencies(emb, "inv_freq", rope.inv_freq)
         _load_frequencies(emb, "original_inv_freq", rope.inv_freq)
     emb.attention_scaling = rope.attention_factor
-    return emb.to(device=device, dtype=_torch_dtype(dtype))
+    return emb.to(device=device, dtype=_torch.torch_dtype(dtype))
 
 
 def gptj_table(num_positions: int, frequencies) -> "object":
@@ -174,13 +166,7 @@ def gptj_rotary(spec, dtype: str, device: str, num_positions: int):
     emb = GPTJRotaryEmbedding(config)
     if rope.inv_freq is not None or rope.theta != 10000.0:
         emb.embed_positions = gptj_table(num_positions, rope.frequencies(spec.head_dim))
-    return emb.to(device=device, dtype=_torch_dtype(dtype))
-
-
-def _positions(p: np.ndarray, device: str):
-    import torch
-
-    return torch.from_numpy(np.ascontiguousarray(p)).to(device)
+    return emb.to(device=device, dtype=_torch.torch_dtype(dtype))
 
 
 # --------------------------------------------------------------------- glue adapters
@@ -254,7 +240,7 @@ class _RotateHalfAdapter(_GlueAdapter):
         emb = self.embedding(spec, dtype, device)
 
         def rotate(x, positions):
-            cos, sin = emb(x, _positions(positions, x.device))  # (1|B, L, rotated channels)
+            cos, sin = emb(x, _torch.to_torch(positions, x.device))  # (1|B, L, rotated channels)
             return apply_rotary_pos_emb(x, x, cos, sin)[0]
 
         return rotate
@@ -308,7 +294,7 @@ class HFGPTJRopeAdapter(_GlueAdapter):
             to_interleaved, to_half = (torch.from_numpy(o).to(x.device) for o in _rope_glue.interleaved_orders(rope, d))
             x = x[..., to_interleaved]
         y = x.transpose(1, 2)  # (B, L, heads, d), GPT-J's layout before its transpose
-        sin, cos = emb(y, _positions(positions, x.device))  # (1|B, L, r/2) each
+        sin, cos = emb(y, _torch.to_torch(positions, x.device))  # (1|B, L, r/2) each
         rotated = apply_rotary_pos_emb(y[..., :r], sin, cos)
         y = torch.cat([rotated, y[..., r:]], dim=-1).transpose(1, 2)  # (B, heads, L, d)
         return y[..., to_half] if half else y
@@ -365,7 +351,7 @@ class HFLlamaAttentionAdapter(_torch.TorchAdapter):
         import torch
         from transformers.models.llama.modeling_llama import LlamaAttention
 
-        dtype = _torch_dtype(params["wq"].dtype.name)
+        dtype = _torch.torch_dtype(params["wq"].dtype.name)
         m = LlamaAttention(llama_config(spec, _rope(spec)), layer_idx=0).to(device=device, dtype=dtype).eval()
         with torch.no_grad():
             for proj, w, b in (
