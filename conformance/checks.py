@@ -312,6 +312,14 @@ class CaseRun:
             need_weights=need,
         )
 
+    def forward_only(self, inputs, params=None, spec=None):
+        """``out`` of a call whose gradients are never asked for (the adapter's ``forward_only`` if it has one)."""
+        spec, params = spec or self.case.spec, params if params is not None else self.params
+        only = getattr(self.adapter, "forward_only", None)
+        if only is not None:
+            return only(spec, params, inputs, device=self.device)
+        return self.adapter.forward(spec, params, inputs, device=self.device, need_weights=False)
+
     def run(self) -> list[CheckResult]:
         case = self.case
         self.params, self.inputs, self.grad_out = stored_call(case, self.tensors, self.dtype)
@@ -463,7 +471,7 @@ class CaseRun:
             try:
                 inputs = twin_inputs(twin.inputs, self.case, self.inputs)
                 params = twin_params(twin.params, self.case, twin, self.params)
-                result = self.forward(inputs, params=params, spec=twin.spec, need_weights=False)
+                result = self.forward_only(inputs, params=params, spec=twin.spec)
             except Exception as e:
                 self.add(check, "fail", twin.rules, message=_exception(e))
                 continue
@@ -480,7 +488,7 @@ class CaseRun:
             self.add(check, "skip", rules, message=f"needs {', '.join(sorted(missing))}")
             return
         try:
-            rows = [self.forward(c, need_weights=False)["out"] for c in decoding_calls(case, self.inputs)]
+            rows = [self.forward_only(c)["out"] for c in decoding_calls(case, self.inputs)]
         except Exception as e:
             self.add(check, "fail", rules, message=_exception(e))
             return

@@ -379,3 +379,32 @@ def test_parallel_run_gives_the_serial_results_in_the_same_order():
     key = lambda r: (r.adapter, r.case, r.dtype, r.check, r.status, r.margin)  # noqa: E731
     assert [key(r) for r in parallel] == [key(r) for r in serial]
     assert any(r.failed for r in serial) and any(r.status == "pass" for r in serial)
+
+
+class ForwardOnlyRecorder(NumpyRefAdapter):
+    """The reference with a ``forward_only`` that records its calls and can be made wrong."""
+
+    name = "numpy-forward-only"
+
+    def __init__(self, offset=0.0):
+        super().__init__()
+        self.offset, self.calls = offset, 0
+
+    def forward_only(self, spec, params, inputs, *, device):
+        self.calls += 1
+        out = self.forward(spec, params, inputs, device=device, need_weights=False)["out"]
+        return {"out": out + self.offset}
+
+
+def test_twins_and_decoding_call_forward_only_and_judge_it():
+    cases = [catalog.BY_ID["mask/rank2-QK"], catalog.BY_ID["rope/half/self/prefill-then-steps"]]
+    right = ForwardOnlyRecorder()
+    results = runner.run(runner.Plan([right], cases=cases, dtypes=["float64"]))
+    judged = [r for r in results if r.check.startswith(("twin/", "decode/"))]
+    assert judged and all(r.status == "pass" for r in judged)
+    decode_steps = 1 + cases[1].dims.Lq - cases[1].decode_from  # the prefill, then one call per query
+    assert right.calls == len(cases[0].twins) + decode_steps
+    wrong = ForwardOnlyRecorder(offset=1e-3)
+    results = runner.run(runner.Plan([wrong], cases=cases, dtypes=["float64"]))
+    failed = {r.check for r in results if r.status == "fail"}
+    assert failed == {r.check for r in judged}  # the main forward, weights and gradients are not forward_only's

@@ -140,9 +140,10 @@ class JaxAdapter(Adapter):
         """Drop this adapter's jitted programs and JAX's own caches (the compilation cache keeps them on disk)."""
         import jax
 
-        compiled = getattr(type(self), "_compiled", None)
-        if compiled is not None and hasattr(compiled, "cache_clear"):
-            compiled.cache_clear()
+        for name in ("_compiled", "_compiled_forward"):
+            compiled = getattr(type(self), name, None)
+            if compiled is not None and hasattr(compiled, "cache_clear"):
+                compiled.cache_clear()
         jax.clear_caches()
 
     def environment(self):

@@ -152,3 +152,8 @@ class Adapter(abc.ABC):
     #   unsupported_case(case) -> str | None     why this case cannot be expressed in the library's own
     #                                            arguments (a skip with that reason), beyond what features say
     #   roundtrip_params(spec, params) -> dict   PARAM-3: canonical -> module -> canonical
+    #   forward_only(spec, params, inputs, *, device) -> dict
+    #                                            {"out"} of a call whose gradients the harness never asks
+    #                                            for (the twins' and decoding calls): an adapter that
+    #                                            compiles forward and gradients as one program per call
+    #                                            compiles the forward alone here

@@ -36,6 +36,30 @@ class JaxImplAdapter(_jax.JaxAdapter):
         return Capabilities(devices=_jax.devices())
 
     @staticmethod
+    def _call(spec, precision, implementation):
+        """f(params, diff, other, weights): ``jax_impl.attention`` on the differentiable inputs ``diff``
+        (query, key, value, bias when given) and the others, under the case's matmul precision."""
+        import jax
+
+        import jax_impl
+
+        def f(params, diff, other, weights):
+            with jax.default_matmul_precision(precision):
+                return jax_impl.attention(
+                    spec,
+                    params,
+                    diff["query"],
+                    diff.get("key"),
+                    diff.get("value"),
+                    bias=diff.get("bias"),
+                    **other,
+                    return_weights=weights,
+                    implementation=implementation,
+                )
+
+        return f
+
+    @staticmethod
     @functools.lru_cache(maxsize=None)
     def _compiled(spec, precision, implementation):
         """(out_w, weights, out, grads) = f(params, called_inputs, other_inputs, grad_out), jitted per spec.
@@ -45,23 +69,9 @@ class JaxImplAdapter(_jax.JaxAdapter):
         """
         import jax
 
-        import jax_impl
+        f = JaxImplAdapter._call(spec, precision, implementation)
 
         def fwd_vjp(params, called, other, g, omitted):
-            def f(params, diff, weights):
-                with jax.default_matmul_precision(precision):
-                    return jax_impl.attention(
-                        spec,
-                        params,
-                        diff["query"],
-                        diff.get("key"),
-                        diff.get("value"),
-                        bias=diff.get("bias"),
-                        **other,
-                        return_weights=weights,
-                        implementation=implementation,
-                    )
-
             # The forward of a case that omits key and/or value (SHAPE-2) is called without them, while
             # its gradients are partials for three separate inputs. Those inputs are leaves of their own
             # that hold the very array they stand for (key = query, value = key): jax.vjp gives each leaf
@@ -71,13 +81,22 @@ class JaxImplAdapter(_jax.JaxAdapter):
                 explicit["key"] = called["query"]
             if "value" in omitted:
                 explicit["value"] = explicit["key"]
-            out_w, weights = f(params, called, True)
-            out, pullback = jax.vjp(lambda p, d: f(p, d, False), params, explicit)
+            out_w, weights = f(params, called, other, True)
+            out, pullback = jax.vjp(lambda p, d: f(p, d, other, False), params, explicit)
             if omitted:
-                out = f(params, called, False)
+                out = f(params, called, other, False)
             return out_w, weights, out, pullback(g)
 
         return jax.jit(fwd_vjp, static_argnames="omitted")
+
+    @staticmethod
+    @functools.lru_cache(maxsize=None)
+    def _compiled_forward(spec, precision, implementation):
+        """out = f(params, called_inputs, other_inputs) alone, jitted per spec (``forward_only``)."""
+        import jax
+
+        f = JaxImplAdapter._call(spec, precision, implementation)
+        return jax.jit(lambda params, called, other: f(params, called, other, False))
 
     def kernel_name(self, spec, inputs) -> Optional[str]:
         """The ``implementation=`` this adapter passes: its own, or for ``jax`` the name of the kernel
@@ -95,9 +114,10 @@ class JaxImplAdapter(_jax.JaxAdapter):
         (kernel,) = chosen
         return kernel.name if kernel == kernels.resolve(kernel.name, spec, calls[0]) else None
 
-    def _run(self, spec, params, inputs, grad_out, device):
+    def _arguments(self, params, inputs, device):
+        """(params, called, other, omitted) as jax arrays: the inputs the call passes (key and value
+        left out where the case omits them) and the names it omits."""
         x = inputs["query"]
-        fn = self._compiled(spec, _jax.matmul_precision(x.dtype.name), self.kernel_name(spec, inputs))
         # A vjp call carries explicit copies (of the query for self-attention, of the key for an
         # omitted value); recognising them lets the forward and the gradients of a case share one
         # compiled program.
@@ -113,8 +133,21 @@ class JaxImplAdapter(_jax.JaxAdapter):
         p = {n: _jax.to_jax(a, device) for n, a in params.items()}
         called = {n: _jax.to_jax(inputs[n], device) for n in DIFF_INPUTS if n in inputs and n not in omitted}
         other = {n: _jax.to_jax(a, device) for n, a in inputs.items() if n not in DIFF_INPUTS}
+        return p, called, other, omitted
+
+    def _run(self, spec, params, inputs, grad_out, device):
+        x = inputs["query"]
+        fn = self._compiled(spec, _jax.matmul_precision(x.dtype.name), self.kernel_name(spec, inputs))
+        p, called, other, omitted = self._arguments(params, inputs, device)
         g = _jax.to_jax(np.zeros(x.shape, x.dtype) if grad_out is None else grad_out, device)
         return fn(p, called, other, g, omitted=omitted)
+
+    def forward_only(self, spec, params, inputs, *, device):
+        """The forward of a call whose gradients are never asked for, compiled without them."""
+        x = inputs["query"]
+        fn = self._compiled_forward(spec, _jax.matmul_precision(x.dtype.name), self.kernel_name(spec, inputs))
+        p, called, other, _ = self._arguments(params, inputs, device)
+        return {"out": np.asarray(fn(p, called, other))}
 
     def forward(self, spec, params, inputs, *, device, need_weights):
         out_w, weights, out, _ = self._run(spec, params, inputs, None, device)
