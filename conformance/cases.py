@@ -100,8 +100,14 @@ class Bias:
     empty_rows: int = 0
     dead_keys: tuple = ()
     offset: float = 0.0
+    shift_groups: int = 0  # > 0: Swin's shifted-window mask, 0 within a group of tokens, -100 across (SWIN-5)
 
     def draw(self, rng, dims: Dims, H: int) -> dict:
+        if self.shift_groups:
+            q = np.arange(dims.Lq) * self.shift_groups // dims.Lq
+            k = np.arange(dims.Lk) * self.shift_groups // dims.Lk
+            bias = np.where(q[:, None] == k[None, :], 0.0, -100.0)
+            return {"bias": np.broadcast_to(bias, _shape(self.pattern, dims, H)).copy()}
         bias = rng.normal(0.0, 1.0, size=_shape(self.pattern, dims, H))
         if self.offset:
             bias += self.offset
@@ -151,7 +157,11 @@ class Positions:
     allows any integer dtype, and ``k - q`` must not wrap around); ``far``
     (contiguous runs starting near 2**17, keys a few positions off the
     queries: where angles made in float32 or positions held in 16 bits go
-    wrong, ROPE-9).
+    wrong, ROPE-9); ``spread-queries`` (Lq queries evenly over the default
+    keys' range, first and last included: every distance from -(Lk - 1) to
+    Lk - 1 occurs); ``permuted`` (queries and keys at one permutation of
+    ``arange(L)``, self-attention: the tokens of a window in another order,
+    POS-5).
     """
 
     kind: str
@@ -170,6 +180,8 @@ class Positions:
         "constant",
         "unsigned",
         "far",
+        "spread-queries",
+        "permuted",
     )
 
     def draw(self, rng, dims: Dims, H: int) -> dict:
@@ -221,6 +233,11 @@ class Positions:
                 "q_positions": np.arange(Lq, dtype=np.int64) + start,
                 "k_positions": np.arange(Lk, dtype=np.int64) + start + int(rng.integers(-3, 4)),
             }
+        if self.kind == "spread-queries":
+            return {"q_positions": (np.arange(Lq) * (Lk - 1) // max(Lq - 1, 1)).astype(np.int64)}
+        if self.kind == "permuted":
+            order = rng.permutation(Lq).astype(np.int64)
+            return {"q_positions": order, "k_positions": order.copy()}
         if self.kind == "constant":
             return {"q_positions": np.full(Lq, 1, dtype=np.int64), "k_positions": np.full(Lk, 4, dtype=np.int64)}
         raise ValueError(f"Positions.kind: expected one of {', '.join(self.KINDS)}, got {self.kind!r}")

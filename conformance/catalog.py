@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from spec import AttentionSpec, Huang, Rope, Shaw, dynamic_ntk_alpha, profiles
+from spec import Alibi, AttentionSpec, Huang, Rope, Shaw, Swin, T5Bias, dynamic_ntk_alpha, profiles
 
 from .cases import Bias, Case, Dims, Keep, Mask, Positions, Twin
 
@@ -30,6 +30,9 @@ REL = ("REL-1", "REL-2", "REL-3", "REL-4", "SCALE-3")
 SHAW = ("SHAW-1", "SHAW-2", "SHAW-3", "SHAW-4")
 HUANG = ("HUANG-1", "HUANG-2", "HUANG-4")
 ROPE = ("REL-3", "ROPE-1", "ROPE-3", "ROPE-4", "ROPE-5", "ROPE-6", "ROPE-9")
+ALIBI = ("REL-3", "SCALE-4", "ALIBI-1", "ALIBI-2")
+T5 = ("REL-3", "SCALE-4", "T5-1", "T5-2", "T5-3", "T5-5")
+SWIN = ("REL-3", "SCALE-4", "SWIN-1", "SWIN-2", "SWIN-3")
 
 V = AttentionSpec(num_heads=2, head_dim=4)
 S2 = AttentionSpec(num_heads=2, head_dim=4, relative=Shaw(2))
@@ -874,6 +877,276 @@ def _cases() -> list[Case]:
             CROSS,
             recipes=(Bias("BHQK", offset=LARGE), Mask("B1QK")),
             dtypes=WIDE,
+        )
+    )
+
+    # ------------------------------------------------------------ ALiBi (ALIBI-1..ALIBI-5)
+    def alibi(H: int, d: int = 2, slopes=None, symmetric: bool = True, **kw) -> AttentionSpec:
+        return AttentionSpec(num_heads=H, head_dim=d, relative=Alibi(slopes, symmetric=symmetric), **kw)
+
+    add(
+        Case(
+            "alibi/self/h1-causal",
+            CORE + ALIBI + ("ALIBI-3", "CAUSAL-1", "PARAM-3"),
+            alibi(1, 4, causal=True),
+            D6,
+            self_attention=True,
+        )
+    )
+    # a custom scale that the bias must not get (SCALE-4); keys on both sides of every query (ALIBI-3)
+    add(Case("alibi/cross/h2-symmetric-scale", ALIBI + ("ALIBI-3", "SCALE-1"), alibi(2, 4, scale=0.5), CROSS))
+    # ALIBI-4: the linear form without a causal mask rewards the keys after the query
+    add(Case("alibi/cross/h3-linear", ALIBI + ("ALIBI-4",), alibi(3, symmetric=False), CROSS))
+    # ALIBI-4: under a causal mask the linear form is the symmetric one
+    add(
+        Case(
+            "alibi/self/h5-linear-causal",
+            ALIBI + ("ALIBI-4", "CAUSAL-1"),
+            alibi(5, symmetric=False, causal=True),
+            Dims(2, 7, 7),
+            self_attention=True,
+            twins=(Twin("symmetric", ("ALIBI-4", "CAUSAL-1"), alibi(5, causal=True)),),
+        )
+    )
+    add(Case("alibi/self/h12-causal", ALIBI + ("ALIBI-3", "PARAM-3"), alibi(12, causal=True), D6, self_attention=True))
+    add(Case("alibi/cross/h40", ALIBI + ("ALIBI-3",), alibi(40, 1, num_kv_heads=1, bias=False), Dims(1, 3, 5)))
+    # explicit slopes (one of them 0), grouped key/value heads, a padding mask, decoding positions
+    add(
+        Case(
+            "alibi/cross/explicit-slopes-gqa-masked",
+            ALIBI + ("ALIBI-3", "ALIBI-5", "HEAD-3", "MASK-1", "MASK-7", "POS-3"),
+            alibi(4, slopes=(0.5, 0.0, 0.25, 1.0), num_kv_heads=2),
+            CROSS,
+            recipes=(Positions("bottom-right"), Mask("B11K", dead_keys=1)),
+        )
+    )
+    # ALIBI-5: one query against a long cache, bottom-right: the far keys' bias is large
+    add(
+        Case(
+            "alibi/cross/lq1-cache-1024",
+            ALIBI + ("ALIBI-3", "ALIBI-5", "POS-3", "CAUSAL-1"),
+            alibi(4, 1, causal=True),
+            Dims(1, 1, 1024),
+            value_omitted=True,
+            recipes=(Positions("bottom-right"),),
+            store_weights=False,
+        )
+    )
+    # ALIBI-5, PREC-4: the first queries of a 2048-key sequence; a linear-form bias m * (j - (Lk - 1)) made
+    # in a 16-bit dtype is rounded by units here, while the spec's bias of these keys is small
+    add(
+        Case(
+            "alibi/cross/early-queries-of-2048",
+            ALIBI + ("ALIBI-3", "ALIBI-5", "CAUSAL-1", "PREC-4"),
+            alibi(4, 1, causal=True),
+            Dims(1, 8, 2048),
+            value_omitted=True,
+            store_weights=False,
+        )
+    )
+
+    # ------------------------------------------------------------ T5 (T5-1..T5-5)
+    # every distance up to 4 max_distance in both directions (T5-2, T5-3): 8 buckets, max_distance 10
+    add(
+        Case(
+            "t5/self/bidirectional-every-distance-to-4M",
+            CORE + T5 + ("PARAM-3",),
+            AttentionSpec(num_heads=2, head_dim=2, relative=T5Bias(8, 10)),
+            Dims(1, 41, 41),
+            self_attention=True,
+        )
+    )
+    # the default 32 buckets up to 4 * 128: queries spread over 513 keys; saturation (T5-3)
+    add(
+        Case(
+            "t5/cross/default-buckets-to-512",
+            T5,
+            AttentionSpec(num_heads=2, head_dim=2, relative=T5Bias()),
+            Dims(1, 5, 513),
+            value_omitted=True,
+            recipes=(Positions("spread-queries"),),
+        )
+    )
+    # T5-2: a causal bias without a causal mask: every later key is bucket 0, and attended
+    add(
+        Case(
+            "t5/self/unidirectional-future-keys-attended",
+            T5,
+            AttentionSpec(num_heads=2, head_dim=2, relative=T5Bias(8, 10, bidirectional=False)),
+            Dims(2, 9, 9),
+            self_attention=True,
+        )
+    )
+    # T5 as T5 runs it: scale 1, no projection biases, a causal decoder
+    add(
+        Case(
+            "t5/self/decoder-scale1-no-bias",
+            T5 + ("CAUSAL-1", "SCALE-1"),
+            AttentionSpec(num_heads=3, head_dim=2, bias=False, scale=1.0, causal=True, relative=T5Bias(6, 5, False)),
+            Dims(2, 7, 7),
+            self_attention=True,
+        )
+    )
+    add(
+        Case(
+            "t5/cross/encoder-padding",
+            T5 + ("SCALE-1", "MASK-1", "MASK-7"),
+            AttentionSpec(num_heads=4, head_dim=2, bias=False, scale=1.0, relative=T5Bias(16, 20)),
+            CROSS,
+            recipes=(Mask("B11K", dead_keys=1),),
+        )
+    )
+    add(
+        Case(
+            "t5/cross/decoding-step-bottom-right",
+            T5 + ("CAUSAL-1", "POS-3"),
+            AttentionSpec(num_heads=2, head_dim=2, bias=False, scale=1.0, causal=True, relative=T5Bias(8, 6, False)),
+            Dims(2, 1, 9),
+            recipes=(Positions("bottom-right"),),
+        )
+    )
+
+    # ------------------------------------------------------------ Swin (SWIN-1..SWIN-6)
+    add(
+        Case(
+            "swin/self/window-3x4",
+            CORE + SWIN + ("PARAM-3",),
+            AttentionSpec(num_heads=2, head_dim=4, relative=Swin((3, 4))),
+            Dims(2, 12, 12),
+            self_attention=True,
+        )
+    )
+    # a window of one column: the multiplier is 2Ww - 1 = 1 (SWIN-3)
+    add(
+        Case(
+            "swin/self/window-4x1",
+            SWIN,
+            AttentionSpec(num_heads=2, head_dim=2, relative=Swin((4, 1))),
+            Dims(2, 4, 4),
+            self_attention=True,
+        )
+    )
+    add(
+        Case(
+            "swin/self/window-2x3-class-token",
+            SWIN + ("SWIN-4",),
+            AttentionSpec(num_heads=2, head_dim=2, relative=Swin((2, 3), prefix_tokens=1)),
+            Dims(2, 7, 7),
+            self_attention=True,
+        )
+    )
+    # SWIN-5: the shifted window's -100 is an additive bias (BIAS-1)
+    add(
+        Case(
+            "swin/self/window-3x4-shift-mask",
+            SWIN + ("SWIN-5", "BIAS-1"),
+            AttentionSpec(num_heads=2, head_dim=2, relative=Swin((3, 4))),
+            Dims(2, 12, 12),
+            self_attention=True,
+            recipes=(Bias("11QK", shift_groups=3),),
+        )
+    )
+    # POS-5: the window's tokens in another order, their coordinates given through positions
+    add(
+        Case(
+            "swin/self/window-3x3-permuted-tokens",
+            SWIN + ("POS-5", "SWIN-6"),
+            AttentionSpec(num_heads=2, head_dim=2, relative=Swin((3, 3))),
+            Dims(1, 9, 9),
+            self_attention=True,
+            recipes=(Positions("permuted"),),
+        )
+    )
+    # positions outside the window: offsets clipped (SWIN-3); prefix tokens at negative positions too
+    add(
+        Case(
+            "swin/cross/outside-window-clipped-prefix2",
+            SWIN + ("SWIN-4", "SWIN-6", "POS-5"),
+            AttentionSpec(num_heads=2, head_dim=2, relative=Swin((2, 2), prefix_tokens=2)),
+            CROSS,
+            recipes=(Positions("random"),),
+        )
+    )
+
+    # ------------------------------------------------------------ the three biases through every other path
+    # The bias is added before the masks and the softmax (REL-3): each family once through ragged masks and
+    # -inf biases, the peer options, a long causal sequence, logits near +-1000, and grouped heads with
+    # empty rows under causal masking.
+    for family, rules, scheme in (
+        ("alibi", ALIBI + ("ALIBI-3",), Alibi()),
+        ("t5", T5, T5Bias(8, 6)),
+        ("swin", SWIN, Swin((2, 3))),
+    ):
+        add(
+            Case(
+                f"{family}/cross/ragged-heads-minus-inf-bias",
+                rules + ("MASK-1", "MASK-4", "MASK-5", "MASK-7", "BIAS-1", "BIAS-2", "GRAD-2"),
+                AttentionSpec(num_heads=2, head_dim=2, relative=scheme),
+                CROSS,
+                recipes=(
+                    Mask("BHQK", density=0.85, empty_cells=RAGGED_ROWS, dead_cells=RAGGED_KEYS),
+                    Bias("B11K", neg_inf=0.15, dead_keys=((1, 3),)),
+                    Positions("gapped-queries"),
+                ),
+            )
+        )
+        add(
+            Case(
+                f"{family}/cross/peer-options-causal-positions",
+                rules + ("SCALE-1", "HEAD-4", "SOFTCAP-1", "WINDOW-1", "MASK-6", "CAUSAL-1", "POS-1"),
+                AttentionSpec(
+                    num_heads=2,
+                    head_dim=2,
+                    scale=0.5,
+                    value_head_dim=3,
+                    softcap=2.0,
+                    window=(2, 1),
+                    causal=True,
+                    mask_fill=MODERATE_FILL,
+                    relative=scheme,
+                ),
+                CROSS,
+                recipes=(Positions("per-batch-offsets"),),
+            )
+        )
+        add(
+            Case(
+                f"{family}/self/causal-long-L512",
+                rules + ("CAUSAL-1", "SOFTMAX-1"),
+                AttentionSpec(num_heads=1, head_dim=2, causal=True, relative=scheme),
+                Dims(1, 512, 512),
+                self_attention=True,
+                store_weights=False,
+                notes="several query tiles of every tiled kernel; weights not stored",
+            )
+        )
+        add(
+            Case(
+                f"{family}/cross/large-logits",
+                rules + ("SOFTMAX-1", "BIAS-1", "PREC-3"),
+                AttentionSpec(num_heads=2, head_dim=2, relative=scheme),
+                CROSS,
+                recipes=(Bias("BHQK", offset=LARGE), Mask("B1QK")),
+                dtypes=WIDE,
+            )
+        )
+        add(
+            Case(
+                f"{family}/cross/gqa-causal-mask-empty-rows",
+                rules + ("HEAD-3", "MASK-2", "MASK-5", "CAUSAL-1", "POS-1"),
+                AttentionSpec(num_heads=4, head_dim=2, num_kv_heads=2, causal=True, relative=scheme),
+                CROSS,
+                recipes=(Mask("B1QK", empty_rows=1), Positions("random-per-batch")),
+            )
+        )
+    # a decoding-shaped Swin call: the window's last row of queries against all its keys (POS-3)
+    add(
+        Case(
+            "swin/cross/last-row-bottom-right",
+            SWIN + ("POS-3",),
+            AttentionSpec(num_heads=2, head_dim=2, relative=Swin((3, 4))),
+            Dims(2, 4, 12),
+            recipes=(Positions("bottom-right"),),
         )
     )
 

@@ -22,7 +22,7 @@ from .catalog import CASES
 from .checks import ERROR_INPUTS
 from .store import load_case, load_manifest
 
-SCHEMES = ("vanilla", "shaw", "huang", "rope")
+SCHEMES = ("vanilla", "shaw", "huang", "rope", "alibi", "t5", "swin")
 STORED = pathlib.Path(__file__).resolve().with_name("COVERAGE.md")
 
 

@@ -21,6 +21,7 @@ from numpy_ref.heads import merge_heads, split_heads
 from numpy_ref.masking import allowed_keys, dead_keys, masked_softmax, relative_distance, softcap
 from numpy_ref.relative import as_4d, gather_logits
 from spec import Shaw
+from spec.biases import alibi_slopes
 from spec.rope import base_frequencies
 
 from .adapters.base import Capabilities
@@ -1005,6 +1006,104 @@ class RopeValuesRotated(_RecombinedMutant):
         return result if need_weights else {"out": result["out"]}
 
 
+# ------------------------------------------------------------ position biases (ALIBI, T5, SWIN)
+class AlibiSlopesOfNextPowerOfTwo(Mutant):
+    rule = "ALIBI-2"
+    description = "ALiBi slopes of the next power of two, the first H of them, for H not a power of two"
+    scheme = "alibi"
+
+    def mutate_spec(self, spec):
+        H = spec.num_heads
+        if _scheme(spec) != "alibi" or spec.relative.slopes is not None or H & (H - 1) == 0:
+            return spec
+        wrong = alibi_slopes(1 << H.bit_length(), spec.relative.max_bias)[:H]
+        return replace(spec, relative=replace(spec.relative, slopes=wrong))
+
+
+class AlibiLinearFormBidirectional(Mutant):
+    rule = "ALIBI-3"
+    description = "the linear form m * delta (BLOOM's m * j) used without a causal mask"
+    scheme = "alibi"
+
+    def mutate_spec(self, spec):
+        if _scheme(spec) != "alibi" or spec.causal or not spec.relative.symmetric:
+            return spec
+        return replace(spec, relative=replace(spec.relative, symmetric=False))
+
+
+class AlibiBiasScaled(Mutant):
+    rule = "ALIBI-1"
+    description = "the ALiBi bias multiplied by the logit scale s"
+    scheme = "alibi"
+
+    def mutate_spec(self, spec):
+        if _scheme(spec) != "alibi":
+            return spec
+        slopes = tuple(m * spec.effective_scale for m in spec.relative.slopes_for(spec.num_heads))
+        return replace(spec, relative=replace(spec.relative, slopes=slopes))
+
+
+class T5SignFlipped(Mutant):
+    rule = "T5-2"
+    description = "T5 buckets of query minus key (every position negated)"
+    scheme = "t5"
+
+    def mutate_inputs(self, spec, inputs):
+        if _scheme(spec) == "t5":
+            B, _, Lq, Lk = _defaults(spec, inputs)
+            inputs["q_positions"] = -np.asarray(inputs.get("q_positions", np.arange(Lq)), np.int64)
+            inputs["k_positions"] = -np.asarray(inputs.get("k_positions", np.arange(Lk)), np.int64)
+        return inputs
+
+
+class T5FutureKeysMasked(Mutant):
+    rule = "T5-2"
+    description = "a unidirectional T5 bias masks the keys after the query instead of putting them in bucket 0"
+    scheme = "t5"
+
+    def mutate_spec(self, spec):
+        if _scheme(spec) == "t5" and not spec.relative.bidirectional:
+            return replace(spec, causal=True)
+        return spec
+
+
+def _swin_rows_permuted(spec, params, row_of) -> dict:
+    """rel_b with offset row r holding the row ``row_of(dh, dw)`` (mod the offset rows) reads: a wrong
+    index map expressed as a permuted table."""
+    if _scheme(spec) != "swin" or "rel_b" not in params:
+        return params
+    (Wh, Ww), R0 = spec.relative.window, spec.relative.offset_rows
+    t = params["rel_b"].copy()
+    for dh in range(1 - Wh, Wh):
+        for dw in range(1 - Ww, Ww):
+            t[:, (dh + Wh - 1) * (2 * Ww - 1) + dw + Ww - 1] = params["rel_b"][:, row_of(dh, dw) % R0]
+    return {**params, "rel_b": t}
+
+
+class SwinMultiplierOfRows(Mutant):
+    rule = "SWIN-3"
+    description = "Swin row (dh + Wh - 1) * (2Wh - 1) + (dw + Ww - 1): the row count as multiplier"
+    scheme = "swin"
+
+    def mutate_params(self, spec, params):
+        if _scheme(spec) != "swin":
+            return params
+        Wh, Ww = spec.relative.window
+        return _swin_rows_permuted(spec, params, lambda dh, dw: (dh + Wh - 1) * (2 * Wh - 1) + dw + Ww - 1)
+
+
+class SwinTableNotReversed(Mutant):
+    rule = "SWIN-3"
+    description = "a query-minus-key (timm) table read at key-minus-query offsets without reversing it"
+    scheme = "swin"
+
+    def mutate_params(self, spec, params):
+        if _scheme(spec) != "swin":
+            return params
+        Wh, Ww = spec.relative.window
+        return _swin_rows_permuted(spec, params, lambda dh, dw: (Wh - 1 - dh) * (2 * Ww - 1) + Ww - 1 - dw)
+
+
 def killed_by_rule(rule: str, results: list) -> list:
     """The (case, check) pairs that failed and claim ``rule``: what kills a mutant of that rule.
 
@@ -1086,6 +1185,13 @@ MUTANTS = {
         RopeAttentionFactorOnce,
         RopePositionsInBfloat16,
         RopeValuesRotated,
+        AlibiSlopesOfNextPowerOfTwo,
+        AlibiLinearFormBidirectional,
+        AlibiBiasScaled,
+        T5SignFlipped,
+        T5FutureKeysMasked,
+        SwinMultiplierOfRows,
+        SwinTableNotReversed,
     )
 }
 for _n, _c in MUTANTS.items():

@@ -12,5 +12,15 @@ from .backward import attention_vjp
 from .forward import attention
 from .params import identity_params, init_params
 from .schemes.rope import apply_rope
+from .schemes.t5 import t5_buckets
 
-__all__ = ["attention", "attention_vjp", "apply_rope", "init_params", "identity_params", "definition", "SPEC_VERSION"]
+__all__ = [
+    "attention",
+    "attention_vjp",
+    "apply_rope",
+    "t5_buckets",
+    "init_params",
+    "identity_params",
+    "definition",
+    "SPEC_VERSION",
+]

@@ -101,7 +101,7 @@ def attention(
                     if spec.softcap is not None:  # SOFTCAP-1: before biases and masks
                         term = spec.softcap * math.tanh(term / spec.softcap)
                     if hooks.uses("bias"):  # REL-3 (3): unscaled
-                        term += hooks.call("literal_bias", p, h, qp, kp)
+                        term += hooks.call("literal_bias", p, h, H, qp, kp)
                     if bias_b is not None:  # BIAS-1
                         term += float(bias_b[b, h, i, j])
                         allowed[j] = bias_b[b, h, i, j] != -math.inf  # BIAS-2

@@ -11,6 +11,7 @@ import re
 from importlib import resources
 
 from . import profiles
+from .biases import Alibi, Swin, T5Bias, alibi_slopes, swin_positions, t5_bucket
 from .core import SPEC_VERSION, AttentionSpec
 from .huang import Huang
 from .rope import Rope, dynamic_ntk_alpha, rope_permutation
@@ -22,6 +23,12 @@ __all__ = [
     "Shaw",
     "Huang",
     "Rope",
+    "Alibi",
+    "T5Bias",
+    "Swin",
+    "alibi_slopes",
+    "t5_bucket",
+    "swin_positions",
     "rope_permutation",
     "dynamic_ntk_alpha",
     "Scheme",

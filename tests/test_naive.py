@@ -57,9 +57,9 @@ def test_scheme_hooks_give_the_table_rows():
 
 def test_unknown_scheme_is_a_value_error_naming_the_registered_ones():
     assert {"huang", "rope", "shaw"} <= set(registered())
-    alibi = types.SimpleNamespace(name="alibi", hooks=frozenset({"bias"}))
-    with pytest.raises(ValueError, match="got scheme name 'alibi'") as e:
-        hooks_for(alibi)
+    unknown = types.SimpleNamespace(name="xpos", hooks=frozenset({"bias"}))
+    with pytest.raises(ValueError, match="got scheme name 'xpos'") as e:
+        hooks_for(unknown)
     assert f"({', '.join(registered())})" in str(e.value)
 
 
@@ -187,10 +187,10 @@ class _ToyBias(NaiveScheme):
 
     name = "toy-bias"
 
-    def bias(self, scheme, P, params, delta):
+    def bias(self, scheme, P, params, num_heads, q_positions, k_positions, delta):
         return P.rnd(-params["rel_b"][None, :, None, None] * np.abs(delta)[:, None])
 
-    def bias_vjp(self, scheme, P, params, delta, grad):
+    def bias_vjp(self, scheme, P, params, num_heads, q_positions, k_positions, delta, grad):
         return {"rel_b": P.rnd(-(grad * np.abs(delta)[:, None]).sum(axis=(0, 2, 3)))}
 
 

@@ -71,6 +71,12 @@ FEATURES = frozenset(
         "rope-interleaved",
         "rope-partial",
         "rope-attention-factor",
+        "alibi",
+        "alibi-linear",
+        "t5",
+        "t5-causal",
+        "swin",
+        "swin-prefix",
         "validates-input",
     }
 )

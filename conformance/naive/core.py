@@ -117,7 +117,7 @@ def forward(spec: AttentionSpec, params: dict, inputs: dict, dtype: str, order: 
         capped = P.rnd(np.tanh(P.rnd(logits / c)))
         logits = P.rnd(capped * c)
     if "bias" in hooks:
-        logits = P.rnd(logits + impl.bias(scheme, P, p, delta))
+        logits = P.rnd(logits + impl.bias(scheme, P, p, H, qp, kp, delta))
     if bias is not None:  # BIAS-1: never scaled
         logits = P.rnd(logits + np.asarray(bias, P.acc))
 
@@ -193,7 +193,7 @@ def backward(spec: AttentionSpec, cache: dict, grad_out, order: int = 0) -> dict
     if c["bias"] is not None:
         grads["bias"] = P.rnd(sum_to(d_logits, np.shape(c["bias"])))
     if "bias" in hooks:
-        grads.update(impl.bias_vjp(scheme, P, p, c["delta"], d_logits))
+        grads.update(impl.bias_vjp(scheme, P, p, spec.num_heads, c["qp"], c["kp"], c["delta"], d_logits))
     if c["capped"] is not None:  # SOFTCAP-1: d score = d capped * (1 - tanh^2)
         d_logits = P.rnd(d_logits * P.rnd(1 - P.rnd(c["capped"] * c["capped"])))
     s, s_rel = spec.effective_scale, spec.relative_scale

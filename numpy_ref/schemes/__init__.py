@@ -35,7 +35,8 @@ a literal form over one head ``h`` and plain Python numbers, with
 1. ``literal_q(scheme, params, h, q_vec, q_pos) -> vector`` and
    ``literal_k(scheme, params, h, k_vec, k_pos) -> vector``;
 2. ``literal_key_term(scheme, params, h, q_vec, q_pos, k_pos) -> float``;
-3. ``literal_bias(scheme, params, h, q_pos, k_pos) -> float``;
+3. ``literal_bias(scheme, params, h, num_heads, q_pos, k_pos) -> float``
+   (ALiBi's slopes depend on the number of heads);
 4. ``literal_value_row(scheme, params, h, q_pos, k_pos) -> vector (d,)``,
    the row that key k_pos adds to query q_pos's output with its weight.
 
@@ -68,7 +69,14 @@ __all__ = [
 #: scheme name -> its numpy_ref module (a dotted module path, imported on first use, or a module object).
 REGISTRY = ModuleRegistry(
     "numpy_ref",
-    {"shaw": "numpy_ref.schemes.shaw", "huang": "numpy_ref.schemes.huang", "rope": "numpy_ref.schemes.rope"},
+    {
+        "shaw": "numpy_ref.schemes.shaw",
+        "huang": "numpy_ref.schemes.huang",
+        "rope": "numpy_ref.schemes.rope",
+        "alibi": "numpy_ref.schemes.alibi",
+        "t5": "numpy_ref.schemes.t5",
+        "swin": "numpy_ref.schemes.swin",
+    },
 )
 
 #: The functions a module must define for each hook kind its scheme uses (REL-3).

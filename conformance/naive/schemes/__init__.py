@@ -7,7 +7,7 @@ registered ones.
 
 from __future__ import annotations
 
-from . import huang, rope, shaw  # noqa: F401  (importing registers them)
+from . import alibi, huang, rope, shaw, swin, t5  # noqa: F401  (importing registers them)
 from .base import NaiveScheme, hooks_for, register, registered
 
 __all__ = ["NaiveScheme", "hooks_for", "register", "registered"]

@@ -18,10 +18,11 @@ dim, R table rows; ``delta`` is the key-minus-query distance (1|B, Lq, Lk)
   from, (1|B, Lq, Lk) int in [0, R), and where that term exists, (1|B, Lq,
   Lk) bool, or None for everywhere. The core does the matmul, the gather,
   the scaling (SCALE-3) and the VJP.
-- ``bias`` (ALiBi, T5, Swin): ``bias(scheme, P, params, delta) -> term``, a
-  query-independent logit term broadcastable to (B, H, Lq, Lk), rounded by
-  the hook; ``bias_vjp(scheme, P, params, delta, grad) -> {table: gradient}``
-  from the logits' gradient grad (B, H, Lq, Lk).
+- ``bias`` (ALiBi, T5, Swin): ``bias(scheme, P, params, num_heads,
+  q_positions, k_positions, delta) -> term``, a query-independent logit
+  term broadcastable to (B, H, Lq, Lk) (H = num_heads), rounded by the
+  hook; ``bias_vjp(scheme, P, params, num_heads, q_positions, k_positions,
+  delta, grad) -> {table: gradient}`` from the logits' gradient grad (B, H, Lq, Lk).
 - ``value_term`` (Shaw values): ``value_index(scheme, delta) -> index``: the
   row of ``rel_v`` that weight (b, h, i, j) adds into, (1|B, Lq, Lk) int in
   [0, R). The core does the bucket sum, the matmul and the VJP.
@@ -55,10 +56,10 @@ class NaiveScheme:
     def key_index(self, scheme, delta):
         raise self._missing("key_term")
 
-    def bias(self, scheme, P, params, delta):
+    def bias(self, scheme, P, params, num_heads, q_positions, k_positions, delta):
         raise self._missing("bias")
 
-    def bias_vjp(self, scheme, P, params, delta, grad):
+    def bias_vjp(self, scheme, P, params, num_heads, q_positions, k_positions, delta, grad):
         raise self._missing("bias")
 
     def value_index(self, scheme, delta):
