@@ -1006,6 +1006,17 @@ def _cases() -> list[Case]:
         )
     )
 
+    # T5-4: the smallest configuration accepted, 4 buckets (1 exact distance per side) saturating at 2
+    add(
+        Case(
+            "t5/cross/smallest-configuration",
+            T5 + ("T5-4",),
+            AttentionSpec(num_heads=1, head_dim=2, relative=T5Bias(4, 2)),
+            Dims(1, 3, 6),
+            recipes=(Positions("spread-queries"),),
+        )
+    )
+
     # ------------------------------------------------------------ Swin (SWIN-1..SWIN-6)
     add(
         Case(
@@ -1113,7 +1124,7 @@ def _cases() -> list[Case]:
             Case(
                 f"{family}/self/causal-long-L512",
                 rules + ("CAUSAL-1", "SOFTMAX-1"),
-                AttentionSpec(num_heads=1, head_dim=2, causal=True, relative=scheme),
+                AttentionSpec(num_heads=1, head_dim=8, causal=True, relative=scheme),
                 Dims(1, 512, 512),
                 self_attention=True,
                 store_weights=False,

@@ -4,10 +4,10 @@ Kernels are kept in Flax's layout (``interop.flax_layout``): ``q_kernel``
 ``(D, H, d)``, ``k_kernel`` ``(D, Hkv, d)``, ``v_kernel`` ``(D, Hkv, dv)``
 with biases ``(H, d)``, ``(Hkv, d)``, ``(Hkv, dv)``, ``out_kernel``
 ``(H, dv, D)`` with bias ``(D,)`` — as ``nnx.MultiHeadAttention`` keeps them
-— and ``rel_k`` / ``rel_v`` tables of the canonical shape. Every shape comes
-from ``spec.param_shapes()`` (PARAM-1, HEAD-3, HEAD-4). Reshaping is the
-exact conversion to and from the canonical weights (contiguous heads,
-HEAD-1; PARAM-3).
+— and the scheme's tables (``TABLES``: ``rel_k``, ``rel_v``, ``rel_b``) of the
+canonical shape. Every shape comes from ``spec.param_shapes()`` (PARAM-1,
+HEAD-3, HEAD-4). Reshaping is the exact conversion to and from the
+canonical weights (contiguous heads, HEAD-1; PARAM-3).
 """
 
 from __future__ import annotations
@@ -35,11 +35,14 @@ ATTRS = {
     "bo": "out_bias",
     "rel_k": "rel_k",
     "rel_v": "rel_v",
+    "rel_b": "rel_b",
 }
+#: the canonical tables a position scheme may add (PARAM-1), kept in their canonical shape
+TABLES = ("rel_k", "rel_v", "rel_b")
 
 
 class MultiHeadAttention(nnx.Module):
-    """Multi-head attention with optional Shaw or Huang relative positions (spec/attention.md).
+    """Multi-head attention with an optional position scheme (``spec.relative``; spec/attention.md).
 
     Args:
       spec: the ``AttentionSpec``.
@@ -65,16 +68,14 @@ class MultiHeadAttention(nnx.Module):
         canonical = {n: init(rngs.params(), shapes[n], dtype) for n in ("wq", "wk", "wv", "wo")}
         if spec.bias:
             canonical.update({n: jnp.zeros(shapes[n], dtype) for n in ("bq", "bk", "bv", "bo")})
-        tables = {
-            n: 0.02 * jax.random.normal(rngs.params(), shapes[n], dtype) for n in ("rel_k", "rel_v") if n in shapes
-        }
+        tables = {n: 0.02 * jax.random.normal(rngs.params(), shapes[n], dtype) for n in TABLES if n in shapes}
         for n, a in {**to_flax_layout(spec, canonical), **tables}.items():
             setattr(self, ATTRS[n], nnx.Param(a))
 
     def params(self) -> dict:
         """Canonical arrays (reshaped views of the kernels)."""
         flax = {n: getattr(self, ATTRS[n])[...] for n in flax_layout(self.spec)}
-        tables = {n: getattr(self, ATTRS[n])[...] for n in ("rel_k", "rel_v") if hasattr(self, ATTRS[n])}
+        tables = {n: getattr(self, ATTRS[n])[...] for n in TABLES if hasattr(self, ATTRS[n])}
         return {**from_flax_layout(self.spec, flax), **tables}
 
     def load_canonical(self, params: dict) -> "MultiHeadAttention":
@@ -92,7 +93,7 @@ class MultiHeadAttention(nnx.Module):
                     f"dtype {np.dtype(a.dtype).name}",
                 )
         arrays = {n: jnp.asarray(a) for n, a in params.items()}
-        tables = {n: a for n, a in arrays.items() if n in ("rel_k", "rel_v")}
+        tables = {n: a for n, a in arrays.items() if n in TABLES}
         for n, a in {**to_flax_layout(self.spec, arrays), **tables}.items():
             getattr(self, ATTRS[n]).set_value(a)
         return self

@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 # A rule is declared in the text as a bold id at the start of a line: **MASK-5**
-_RULE_DECL = re.compile(r"^\*\*([A-Z]+-\d+)\*\*", re.MULTILINE)
+_RULE_DECL = re.compile(r"^\*\*([A-Z][A-Z0-9]*-\d+)\*\*", re.MULTILINE)
 
 
 def rule_ids() -> list[str]:

@@ -111,7 +111,7 @@ class Alibi(Scheme):
 @register
 @dataclass(frozen=True)
 class T5Bias(Scheme):
-    """T5's bucketed relative position bias (Raffel et al. 2020; rules T5-1..T5-6).
+    """T5's bucketed relative position bias (Raffel et al. 2020; rules T5-1..T5-5).
 
     Fields:
       num_buckets: N, the rows of the table ``rel_b`` (H, N); even when

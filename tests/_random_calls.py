@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import numpy_ref
-from spec import AttentionSpec, Huang, Rope, Shaw
+from spec import Alibi, AttentionSpec, Huang, Rope, Shaw, Swin, T5Bias
 
 
 @dataclass
@@ -45,7 +45,7 @@ def positions(rng, B, L, contiguous):
 
 def random_spec(rng) -> AttentionSpec:
     H, d = int(rng.integers(1, 4)), int(rng.integers(1, 4))
-    kind = rng.choice(["none", "shaw", "huang", "rope"])
+    kind = rng.choice(["none", "shaw", "huang", "rope", "alibi", "t5", "swin"])
     relative = None
     if kind == "shaw":
         keys = bool(rng.random() < 0.8)
@@ -60,6 +60,18 @@ def random_spec(rng) -> AttentionSpec:
     elif kind == "rope":
         d = 2 * int(rng.integers(1, 3))  # ROPE-2: pairs
         relative = random_rope(rng, d)
+    elif kind == "alibi":  # ALIBI-2..ALIBI-4: the schedule or explicit slopes (zeros too), both forms
+        slopes = None
+        if rng.random() < 0.3:
+            slopes = tuple(float(m) if rng.random() < 0.8 else 0.0 for m in rng.uniform(0.05, 1.0, size=H))
+        relative = Alibi(slopes, max_bias=float(rng.choice([8.0, 4.0])), symmetric=bool(rng.random() < 0.6))
+    elif kind == "t5":  # T5-2..T5-4: both directions, small tables that saturate within a few positions
+        bidirectional = bool(rng.random() < 0.6)
+        N = 2 * int(rng.integers(2, 6)) if bidirectional else int(rng.integers(2, 9))
+        side = N // 2 if bidirectional else N
+        relative = T5Bias(N, side // 2 + int(rng.integers(1, 6)), bidirectional)
+    elif kind == "swin":  # SWIN-2..SWIN-4: square and non-square windows, prefix tokens
+        relative = Swin((int(rng.integers(1, 4)), int(rng.integers(1, 4))), prefix_tokens=int(rng.integers(0, 3)))
     return AttentionSpec(
         num_heads=H,
         head_dim=d,

@@ -600,8 +600,8 @@ class PlainHooksOnly:
         return 2 * q, k
 
     @staticmethod
-    def bias(scheme, params, delta):
-        return -0.5 * jnp.abs(delta)[:, None].astype(jnp.float64)
+    def bias(scheme, params, q_positions, k_positions, delta, *, num_heads, dtype):
+        return (-0.5 * jnp.abs(delta)[:, None]).astype(dtype)
 
 
 @pytest.fixture
@@ -649,7 +649,7 @@ def test_a_scheme_without_a_jax_module_is_refused_by_name(registered):
     with pytest.raises(
         ValueError,
         match=re.escape(
-            f"spec.relative: expected a scheme jax_impl implements (one of ['huang', 'rope', 'shaw']; add one with "
+            f"spec.relative: expected a scheme jax_impl implements (one of ['alibi', 'huang', 'rope', 'shaw', 'swin', 't5']; add one with "
             f"jax_impl.schemes.register_module(name, module)), got {registered.name!r} (DoubleQueryMinusDistance)"
         ),
     ):

@@ -135,7 +135,7 @@ def literal_k(scheme, params, h, k_vec, k_pos):
     return _literal_rotate(scheme, k_vec, k_pos)
 
 
-def literal_bias(scheme, params, h, q_pos, k_pos):
+def literal_bias(scheme, params, h, num_heads, q_pos, k_pos):
     return -float(params["rel_slope"][h]) * abs(k_pos - q_pos)
 
 

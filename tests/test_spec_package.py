@@ -12,7 +12,7 @@ from spec import SPEC_VERSION, AttentionSpec, Huang, Shaw, profiles
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RULE_REF = re.compile(
-    r"\b(AXES|SHAPE|INPUT|PARAM|PROJ|HEAD|OUT|SCALE|POS|CAUSAL|MASK|BIAS|SOFTMAX|SOFTCAP|WINDOW|DROP|REL|SHAW|HUANG|ROPE|GRAD|PREC|KERN|VER|PROF)-(\d+)\b"
+    r"\b(AXES|SHAPE|INPUT|PARAM|PROJ|HEAD|OUT|SCALE|POS|CAUSAL|MASK|BIAS|SOFTMAX|SOFTCAP|WINDOW|DROP|REL|SHAW|HUANG|ROPE|ALIBI|T5|SWIN|GRAD|PREC|KERN|VER|PROF)-(\d+)\b"
 )
 
 
@@ -124,10 +124,10 @@ def test_scheme_registry_errors_name_what_was_expected():
     with pytest.raises(ValueError, match=r"register: scheme name 'shaw' is taken by Shaw"):
         spec.register(Clash)
     with pytest.raises(
-        ValueError, match=r"unregister: expected a registered scheme name \(huang, rope, shaw\), got 'nope'"
+        ValueError, match=r"unregister: expected a registered scheme name \(alibi, huang, rope, shaw, swin, t5\), got 'nope'"
     ):
         spec.unregister("nope")
-    with pytest.raises(ValueError, match=r"scheme: expected one of \['huang', 'rope', 'shaw'\], got 'nope'"):
+    with pytest.raises(ValueError, match=r"scheme: expected one of \['alibi', 'huang', 'rope', 'shaw', 'swin', 't5'\], got 'nope'"):
         spec.scheme_from_json({"scheme": "nope"})
     assert spec.scheme_from_json(spec.Shaw(3, per_head=True).to_json()) == spec.Shaw(3, per_head=True)
 

@@ -394,7 +394,7 @@ def test_a_kernel_without_the_transform_call_site_says_so():
     )
     shaw = AttentionSpec(2, 4, relative=Shaw(2))
     assert kernels.SDPA().unsupported(shaw, call) == (
-        "Shaw relative terms need the key_term and value_term hooks, and sdpa calls qk_transform"
+        "Shaw relative terms need the key_term and value_term hooks, and sdpa calls qk_transform, bias"
     )
 
 

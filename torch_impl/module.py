@@ -2,9 +2,10 @@
 
 Parameters are stored the way PyTorch users expect: ``q_proj``, ``k_proj``,
 ``v_proj``, ``out_proj`` are ``nn.Linear`` layers (weight ``(out, in)``),
-``rel_k`` / ``rel_v`` are tables of the canonical shape. Every size comes
-from ``spec.param_shapes()`` (PARAM-1): with Hkv key/value heads (HEAD-3)
-and value heads of dv channels (HEAD-4), ``k_proj`` maps D to Hkv * d,
+``rel_k`` / ``rel_v`` (Shaw, Huang) and ``rel_b`` (T5, Swin) are tables of
+the canonical shape (``TABLES``). Every size comes from
+``spec.param_shapes()`` (PARAM-1): with Hkv key/value heads (HEAD-3) and
+value heads of dv channels (HEAD-4), ``k_proj`` maps D to Hkv * d,
 ``v_proj`` D to Hkv * dv and ``out_proj`` H * dv to D. ``load_canonical``
 and ``canonical_params`` convert to and from the canonical ``(in, out)``
 layout exactly (PARAM-3).
@@ -20,6 +21,9 @@ from spec import AttentionSpec
 from spec.validation import ArrayInfo, check_params, fail_type
 
 from . import _checks, functional
+
+#: The relative position tables a scheme may add (PARAM-1), stored as parameters under their canonical names.
+TABLES = ("rel_k", "rel_v", "rel_b")
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
@@ -64,7 +68,8 @@ def _describe(name: str, a) -> ArrayInfo:
 
 
 class MultiHeadAttention(nn.Module):
-    """Multi-head attention with optional Shaw or Huang relative positions (spec/attention.md).
+    """Multi-head attention with an optional position scheme (Shaw, Huang, RoPE, ALiBi, T5, Swin;
+    spec/attention.md).
 
     Args:
       spec: the ``AttentionSpec``.
@@ -92,8 +97,8 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(*shapes["wk"], bias=spec.bias, **factory)
         self.v_proj = nn.Linear(*shapes["wv"], bias=spec.bias, **factory)
         self.out_proj = nn.Linear(*shapes["wo"], bias=spec.bias, **factory)
-        self.rel_k = nn.Parameter(torch.empty(shapes["rel_k"], **factory)) if "rel_k" in shapes else None
-        self.rel_v = nn.Parameter(torch.empty(shapes["rel_v"], **factory)) if "rel_v" in shapes else None
+        for name in TABLES:  # PARAM-1: a None attribute for a table the scheme does not have
+            setattr(self, name, nn.Parameter(torch.empty(shapes[name], **factory)) if name in shapes else None)
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -101,7 +106,7 @@ class MultiHeadAttention(nn.Module):
             nn.init.xavier_uniform_(lin.weight)
             if lin.bias is not None:
                 nn.init.zeros_(lin.bias)
-        for table in (self.rel_k, self.rel_v):
+        for table in (getattr(self, name) for name in TABLES):
             if table is not None:
                 nn.init.normal_(table, std=0.02)
 
@@ -115,7 +120,7 @@ class MultiHeadAttention(nn.Module):
             out["w" + n] = lin.weight.T
             if lin.bias is not None:
                 out["b" + n] = lin.bias
-        for n in ("rel_k", "rel_v"):
+        for n in TABLES:
             if getattr(self, n) is not None:
                 out[n] = getattr(self, n)
         return out
@@ -133,7 +138,7 @@ class MultiHeadAttention(nn.Module):
         ref = self.q_proj.weight
         for name in self.spec.param_shapes():
             t = from_numpy(params[name], ref.dtype, ref.device)
-            if name in ("rel_k", "rel_v"):
+            if name in TABLES:
                 getattr(self, name).copy_(t)
             else:
                 lin = self._linears()[name[1]]

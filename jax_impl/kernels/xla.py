@@ -67,8 +67,9 @@ def attend(spec: AttentionSpec, params: dict, x: Inputs, hooks: schemes.Hooks, r
         logits = logits + hooks.key_term(params, x.q, x.delta).astype(stat) * spec.relative_scale  # SCALE-3
     if spec.softcap is not None:  # SOFTCAP-1: the score only, before every bias and mask
         logits = softcap(logits, spec.softcap)
-    if hooks.bias is not None:  # REL-3 (3): unscaled
-        logits = logits + hooks.bias(params, x.delta).astype(stat)
+    if hooks.bias is not None:  # REL-3 (3): unscaled, computed in the softmax dtype (PREC-4)
+        term = hooks.bias(params, x.q_positions, x.k_positions, x.delta, num_heads=x.q.shape[1], dtype=stat)
+        logits = logits + term.astype(stat)
     if x.bias is not None:
         logits = logits + x.bias.astype(stat)  # BIAS-1, never scaled (SCALE-4)
     weights = masked_softmax(logits, x.allowed, spec.mask_fill, rows_nonempty)  # SOFTMAX-1, MASK-5 / MASK-6

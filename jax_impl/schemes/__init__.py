@@ -15,8 +15,12 @@ distances k_pos - q_pos, (1|B, Lq, Lk) (POS-2); positions are (1|B, L)
    q (B, H, Lq, d), k (B, Hkv, Lk, d), after the head split (RoPE);
 2. ``key_term(scheme, params, q, delta) -> (B, H, Lq, Lk)`` from the
    (transformed) q, before the factor s_rel that the kernel applies (SCALE-3);
-3. ``bias(scheme, params, delta) -> (1|B, 1|H, Lq, Lk)``, finite, added
-   unscaled like the ``bias`` input (SCALE-4; ALiBi, T5, Swin);
+3. ``bias(scheme, params, q_positions, k_positions, delta, *, num_heads, dtype)
+   -> (1|B, 1|H, Lq, Lk)``, finite, in ``dtype`` (the softmax dtype, PREC-4:
+   float32 for the 16-bit inputs), added unscaled like the ``bias`` input
+   (SCALE-4; ALiBi, T5, Swin); ``num_heads`` is H (ALiBi's slopes depend on
+   it), both keywords static Python values; Swin reads the positions, not
+   only delta (SWIN-6);
 4. ``value_term(scheme, params, w, delta) -> (B, H, Lq, dv)`` from the
    weights after dropout w' (B, H, Lq, Lk) (DROP-4), added to ``w' @ v``.
 
@@ -58,7 +62,14 @@ __all__ = [
 #: scheme name -> its jax_impl module (a dotted path, imported on first use, or a module object) (REL-4).
 REGISTRY = ModuleRegistry(
     "jax_impl",
-    {"shaw": "jax_impl.schemes.shaw", "huang": "jax_impl.schemes.huang", "rope": "jax_impl.schemes.rope"},
+    {
+        "shaw": "jax_impl.schemes.shaw",
+        "huang": "jax_impl.schemes.huang",
+        "rope": "jax_impl.schemes.rope",
+        "alibi": "jax_impl.schemes.alibi",
+        "t5": "jax_impl.schemes.t5",
+        "swin": "jax_impl.schemes.swin",
+    },
 )
 
 #: hook kind -> the function a module defines for it, for the xla kernel and for the tiles kernel.
@@ -88,7 +99,7 @@ class Hooks(NamedTuple):
 
     qk_transform: Optional[Callable] = None  # (params, q, k, q_positions, k_positions) -> (q, k), k (B, Hkv, Lk, d)
     key_term: Optional[Callable] = None  # (params, q, delta) -> (B, H, Lq, Lk), before s_rel
-    bias: Optional[Callable] = None  # (params, delta) -> (1|B, 1|H, Lq, Lk)
+    bias: Optional[Callable] = None  # (params, q_pos, k_pos, delta, *, num_heads, dtype) -> (1|B, 1|H, Lq, Lk)
     value_term: Optional[Callable] = None  # (params, w', delta) -> (B, H, Lq, dv)
 
 

@@ -59,3 +59,15 @@ def transform_qk(spec: AttentionSpec, params: dict, q, k, call):
     shared = call.default_positions and Lq == Lk
     k_pos = q_pos if shared else _core.positions(call.k_positions, Lk, k.device)
     return schemes.module_for(scheme).qk_transform(scheme, params, q, k, q_pos, k_pos)
+
+
+def scheme_bias(spec: AttentionSpec, params: dict, call, stat):
+    """REL-3 (3): the scheme's bias (ALiBi, T5, Swin) of the whole call, (1|B, H, Lq, Lk) in ``stat``
+    (PREC-4), to add unscaled after the soft cap and before the ``bias`` input (SCALE-4); None when the
+    scheme has no such hook. The eager and sdpa kernels call it once per call (the tiles kernel asks the
+    scheme's ``tile_bias`` per tile instead).
+    """
+    scheme = spec.relative
+    if scheme is None or "bias" not in scheme.hooks:
+        return None
+    return schemes.module_for(scheme).bias(scheme, params, call, num_heads=spec.num_heads, stat=stat)

@@ -2,16 +2,17 @@
 
     q, k   = qk_transform(q, k)                                             (REL-3 (1): RoPE)
     score  = s * q @ k.T  +  s_rel * key_term(q, delta)                     (REL-1, SCALE-2, SCALE-3, HEAD-3)
-    logits = cap(score)  +  bias                                            (SOFTCAP-1, SCALE-4)
+    logits = cap(score)  +  scheme_bias(positions)  +  bias                 (SOFTCAP-1, REL-3 (3), SCALE-4)
     w      = softmax over the allowed keys                                  (SOFTMAX-1, MASK-4..6, WINDOW-1)
     o      = w' @ v  +  value_term(w', delta),   w' = dropout(w)            (DROP-1, DROP-4, HEAD-4)
 
 The scheme hooks are the plain algorithms (a gather and a scatter by the
-index from delta); no tiles, no reused buffers. Every other kernel is
-tested against this one. The logits and the softmax are in float32 for the
-16-bit dtypes (PREC-4). Grouped key/value heads are read in place
-(``_core.grouped_scores`` / ``grouped_values``), never repeated. Axis
-legend (AXES-1): B, H, Lq, Lk, d; Hkv, G = H / Hkv (HEAD-3); dv (HEAD-4).
+index from delta, the scheme bias of the whole call); no tiles, no reused
+buffers. Every other kernel is tested against this one. The logits, the
+scheme bias and the softmax are in float32 for the 16-bit dtypes (PREC-4).
+Grouped key/value heads are read in place (``_core.grouped_scores`` /
+``grouped_values``), never repeated. Axis legend (AXES-1): B, H, Lq, Lk,
+d; Hkv, G = H / Hkv (HEAD-3); dv (HEAD-4).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .. import _core, schemes
-from ._base import Kernel, transform_qk
+from ._base import Kernel, scheme_bias, transform_qk
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class Eager(Kernel):
     """The readable baseline; it runs every call (KERN-1)."""
 
     name: ClassVar[str] = "eager"
-    scheme_hooks: ClassVar[frozenset] = frozenset({"qk_transform", "key_term", "value_term"})
+    scheme_hooks: ClassVar[frozenset] = frozenset({"qk_transform", "key_term", "bias", "value_term"})
 
 
 def attention(spec, params: dict, q, k, v, call: _core.Call):
@@ -46,7 +47,9 @@ def attention(spec, params: dict, q, k, v, call: _core.Call):
     logits = spec.effective_scale * _core.grouped_scores(q, k).to(stat)  # (B, H, Lq, Lk), SCALE-2, HEAD-3
     if "key_term" in hooks:  # REL-1, SCALE-3
         logits = logits + spec.relative_scale * unit.key_term(scheme, params, q, call.delta).to(stat)
-    logits = _core.softcap(logits, spec.softcap)  # SOFTCAP-1: the score, before the bias and the masks
+    logits = _core.softcap(logits, spec.softcap)  # SOFTCAP-1: the score, before the biases and the masks
+    if "bias" in hooks:  # REL-3 (3): unscaled, in the stat dtype (PREC-4)
+        logits = logits + scheme_bias(spec, params, call, stat)
     if call.bias is not None:  # BIAS-1, SCALE-4: unscaled
         logits = logits + call.bias.to(stat)
     weights = _core.masked_softmax(logits, call.allowed, spec.mask_fill)  # SOFTMAX-1, MASK-5, MASK-6

@@ -7,10 +7,17 @@ whose groups are contiguous like the spec's (query head h reads key/value
 head h // G); values may have their own head size (HEAD-4). SDPA gives a
 row with no allowed key exact zeros (MASK-5). A scheme's q/k transform
 (RoPE, REL-3 (1)) rotates q and k before the fused call, which then sees
-plain vectors. It takes no other relative term (a key term, bias or value
-term needs the logits, which SDPA never exposes), no ``mask_fill``
-(MASK-6), no soft cap (SOFTCAP-1: it has no hook between the score and the
-mask), no given keep mask (DROP-1) and returns no weights.
+plain vectors. A scheme's bias (ALiBi, T5, Swin, REL-3 (3)) is added to the
+float ``attn_mask`` with the bias input, in the stat dtype (float32 for the
+16-bit dtypes, PREC-4; SDPA takes a float32 mask beside bfloat16 queries):
+
+    attn_mask = where(allowed, scheme_bias + bias, -inf)        (1|B, H, Lq, Lk)
+
+It takes no other relative term (a key term or value term needs the
+logits, which SDPA never exposes), no ``mask_fill`` (MASK-6), no soft cap
+(SOFTCAP-1: it has no hook between the score and the mask; the scheme bias
+comes after the cap, so it cannot stand in for one), no given keep mask
+(DROP-1) and returns no weights.
 Axis legend (AXES-1): B, H, Lq, Lk, d; Hkv, G = H / Hkv (HEAD-3); dv (HEAD-4).
 """
 
@@ -23,16 +30,16 @@ import torch
 import torch.nn.functional as F
 
 from .. import _core
-from ._base import Kernel, transform_qk
+from ._base import Kernel, scheme_bias, transform_qk
 
 
 @dataclass(frozen=True)
 class SDPA(Kernel):
-    """PyTorch's fused attention, for calls without a relative key term, bias or value term, mask_fill,
-    softcap, keep mask or weights; it runs a q/k transform (RoPE) first (KERN-1)."""
+    """PyTorch's fused attention, for calls without a relative key term or value term, mask_fill, softcap,
+    keep mask or weights; it runs a q/k transform (RoPE) first and takes a scheme bias in its mask (KERN-1)."""
 
     name: ClassVar[str] = "sdpa"
-    scheme_hooks: ClassVar[frozenset] = frozenset({"qk_transform"})
+    scheme_hooks: ClassVar[frozenset] = frozenset({"qk_transform", "bias"})
 
     def unsupported(self, spec, call) -> Optional[str]:
         reasons = [
@@ -58,18 +65,22 @@ class SDPA(Kernel):
 def attention(spec, params: dict, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: _core.Call) -> torch.Tensor:
     """q (B, H, Lq, d), k (B, Hkv, Lk, d), v (B, Hkv, Lk, dv) -> o (B, H, Lq, dv).
 
-    ``params``: the canonical tensors (the q/k transform hook receives them, as in eager).
-    Implements REL-3 (1), SCALE-2, SCALE-4, MASK-4, MASK-5, BIAS-1, BIAS-2, CAUSAL-1, WINDOW-1, HEAD-3, HEAD-4.
+    ``params``: the canonical tensors (the scheme hooks receive them, as in eager).
+    Implements REL-3 (1), REL-3 (3), SCALE-2, SCALE-4, MASK-4, MASK-5, BIAS-1, BIAS-2, CAUSAL-1, WINDOW-1,
+    HEAD-3, HEAD-4, PREC-4.
     """
     q, k = transform_qk(spec, params, q, k, call)  # REL-3 (1): before the fused kernel
     s = spec.effective_scale
     gqa = k.shape[1] != q.shape[1]  # HEAD-3: SDPA repeats each key/value head for G consecutive query heads
+    added = scheme_bias(spec, params, call, _core.stat_dtype(q.dtype))  # REL-3 (3): (1|B, H, Lq, Lk) or None
     plain_causal = spec.causal and spec.window is None and call.default_positions
-    if plain_causal and call.mask is None and call.bias is None:
+    if plain_causal and call.mask is None and call.bias is None and added is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=s, enable_gqa=gqa)  # CAUSAL-1 top-left
     allowed, bias = call.allowed, call.bias
-    if bias is not None:  # BIAS-1, BIAS-2: the float attn_mask carries -inf at disallowed keys
-        attn_mask = bias.to(q.dtype) if allowed is None else bias.to(q.dtype).masked_fill(~allowed, float("-inf"))
+    if bias is not None:  # BIAS-1, SCALE-4: unscaled, after the scheme bias
+        added = bias.to(q.dtype) if added is None else added + bias.to(added.dtype)
+    if added is not None:  # BIAS-2, MASK-4: the float attn_mask carries -inf at disallowed keys
+        attn_mask = added if allowed is None else torch.where(allowed, added, float("-inf"))
     else:
         attn_mask = allowed  # MASK-4: bool, True = attend (SDPA's polarity)
     attn_mask = None if attn_mask is None else _core.as_4d(attn_mask)

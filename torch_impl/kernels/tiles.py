@@ -20,9 +20,12 @@ Grouped key/value heads (HEAD-3) are read in place: a tile holds whole groups
 of query heads, or part of one group, and stacks a group's queries against
 its key/value head (``_core.grouped_scores``); values may have their own head
 size dv (HEAD-4). The soft cap (SOFTCAP-1) applies to the score of each tile
-before its bias and its masks. A scheme's q/k transform (RoPE, REL-3 (1))
+before its biases and its masks. A scheme's q/k transform (RoPE, REL-3 (1))
 rotates the whole q and k once per call, before the first tile; the tiles
-then run as for vanilla attention.
+then run as for vanilla attention. A scheme's bias (ALiBi, T5, Swin,
+REL-3 (3)) is computed per tile from the tile's positions by the scheme's
+``tile_bias``, in the stat dtype, after the cap and before the bias input:
+no (B, H, Lq, Lk) bias is built.
 
 The knobs live in the frozen ``Tiles`` object; the defaults are the measured ones.
 Axis legend (AXES-1): B, H, Lq, Lk, d; Hkv, G = H / Hkv (HEAD-3); dv (HEAD-4);
@@ -57,9 +60,12 @@ CPU_QUERY_ROWS = 256
 #: 2^28 elements, no short query tiles. Many small tiles would be many small
 #: kernel launches there; this value is not tuned by a measurement yet.
 ACCELERATOR_ELEMENTS = 1 << 28
-#: The hook kinds a scheme's tile hooks serve (``tile_state``, ``tile_key_term``, ``tile_value_term``);
-#: the q/k transform runs once on the whole q and k before the tiles.
-TILE_HOOKS = frozenset({"key_term", "value_term"})
+#: The hook kinds a scheme's tile hooks serve (``tile_state``, ``tile_key_term``, ``tile_bias``,
+#: ``tile_value_term``); the q/k transform runs once on the whole q and k before the tiles.
+TILE_HOOKS = frozenset({"key_term", "bias", "value_term"})
+#: The tile hooks whose cost grows with the tile's queries (the Huang skew, the banded Shaw sums): with
+#: default positions they get short query tiles. A bias costs the same per element in any tile.
+SHORT_TILE_HOOKS = frozenset({"key_term", "value_term"})
 
 
 @dataclass(frozen=True)
@@ -74,7 +80,7 @@ class Tiles(Kernel):
     """
 
     name: ClassVar[str] = "tiles"
-    scheme_hooks: ClassVar[frozenset] = frozenset({"qk_transform", "key_term", "value_term"})
+    scheme_hooks: ClassVar[frozenset] = frozenset({"qk_transform", "key_term", "bias", "value_term"})
 
     elements: Optional[int] = None
     query_rows: Optional[int] = None
@@ -205,7 +211,7 @@ def attention(plan: Tiles, spec, params: dict, q, k, v, call: _core.Call):
         Lk,
         causal_prefix=reach is not None,
         # the skew and the bands of the tile hooks cost less in short tiles; a q/k transform is done already
-        short_rows=reach is not None or (bool(hooks & TILE_HOOKS) and default),
+        short_rows=reach is not None or (bool(hooks & SHORT_TILE_HOOKS) and default),
         device_type=q.device.type,
         reach=reach or 0,
         group=spec.group_size,
@@ -264,7 +270,9 @@ def _tile(run: _Run, t: Tile):
     kv = t.kv_heads(run.group)  # HEAD-3
     term = run.unit.tile_key_term(run.state, t, ws) if "key_term" in hooks else None  # REL-1
     logits = _content_logits(q_s, run.k[t.b, kv, : t.k1], term, run.stat, ws)
-    logits = _core.softcap(logits, spec.softcap, in_place=ws is not None)  # SOFTCAP-1: before bias and masks
+    logits = _core.softcap(logits, spec.softcap, in_place=ws is not None)  # SOFTCAP-1: before biases and masks
+    if "bias" in hooks:  # REL-3 (3): the tile's scheme bias, unscaled, in the stat dtype (PREC-4)
+        logits = logits + run.unit.tile_bias(run.state, t)
     bias = t.cut(call.bias)
     if bias is not None:
         logits = logits + bias.to(run.stat)  # BIAS-1, SCALE-4

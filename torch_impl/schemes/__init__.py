@@ -1,8 +1,8 @@
 """Position schemes in PyTorch: one module per scheme, found by ``scheme.name`` (REL-3, REL-4).
 
-A scheme (``spec.Shaw``, ``spec.Huang``, ``spec.Rope``, ...) says *what* it adds through
-the hooks it lists in ``scheme.hooks`` (from ``spec.HOOKS``); its module
-here says how. Kernels (``torch_impl.kernels``) call the hooks and never
+A scheme (``spec.Shaw``, ``spec.Huang``, ``spec.Rope``, ``spec.Alibi``, ...) says
+*what* it adds through the hooks it lists in ``scheme.hooks`` (from
+``spec.HOOKS``); its module here says how. Kernels (``torch_impl.kernels``) call the hooks and never
 look at the scheme's type; a kernel whose call site for a hook is missing
 says so through its ``unsupported`` (KERN-1).
 
@@ -45,21 +45,40 @@ and before any logit, REL-3 (1); the tiles kernel before its first tile):
   filled in); the same shapes and dtypes come back (RoPE, ``rope.py``). The
   kernels' shared call site is ``kernels._base.transform_qk``.
 
-A later scheme adds one module and, for a hook kind no module has used
-yet, one call site per kernel: ``bias(scheme, params, delta) -> (1|B, 1|H,
-Lq, Lk)`` beside the ``bias`` input (ALiBi, T5, Swin), with
-``tile_bias(state, tile)`` for the tiles.
+Bias hooks (REL-3 (3): a per-head scalar of the positions, added to the
+logits unscaled after the soft cap and before the ``bias`` input, SCALE-4;
+ALiBi, T5, Swin). The result is in ``stat``, the dtype of the logits:
+float32 for float16 and bfloat16 inputs, else the input dtype (PREC-4);
+tables are read in the compute dtype and widened, never the other way.
+Gradients reach the tables through autograd (an index read, whose backward
+is a scatter-add); nothing loops over positions.
+
+- ``bias(scheme, params, call, *, num_heads, stat) -> (1|B, H, Lq, Lk)``,
+  ``call`` the kernels' ``_core.Call`` (its ``delta``, and its positions
+  through ``_core.positions``), ``num_heads`` H (ALiBi's slopes depend on
+  it). The eager and sdpa kernels call it once per call, through
+  ``kernels._base.scheme_bias``;
+- ``tile_bias(state, tile) -> (1|b, h, T, k1)``, per tile, in ``stat``: the
+  bias of the tile's batches, heads, queries and keys (``state`` from the
+  scheme's ``tile_state`` above, whose q gives H and the device), so the
+  tiles kernel never builds a (B, H, Lq, Lk) bias
+  (``_bias_tables.tile_positions``).
+
+A later scheme adds one module and, for a hook kind no module has used yet,
+one call site per kernel.
 """
 
 from __future__ import annotations
 
 from spec.schemes import ModuleRegistry
 
-from . import huang, rope, shaw
+from . import alibi, huang, rope, shaw, swin, t5
 
 __all__ = ["REGISTRY", "module_for", "register_module"]
 
 #: scheme name -> its torch_impl module (REL-4).
-REGISTRY = ModuleRegistry("torch_impl", {"shaw": shaw, "huang": huang, "rope": rope})
+REGISTRY = ModuleRegistry(
+    "torch_impl", {"shaw": shaw, "huang": huang, "rope": rope, "alibi": alibi, "t5": t5, "swin": swin}
+)
 register_module = REGISTRY.register_module
 module_for = REGISTRY.module_for

@@ -1,0 +1,80 @@
+"""Swin's 2-D relative position bias in PyTorch (SWIN-1..SWIN-6, POS-5).
+
+    bias[b, h, i, j] = rel_b[h, row(q_pos_i, k_pos_j)]
+
+With P = ``prefix_tokens`` and the window (Wh, Ww): a position p < P (when
+P > 0) is a prefix token; any other p is the window token at
+(row, column) = floor-divmod(p - P, Ww) (POS-5), so negative positions and
+positions past the window have coordinates too. Two window tokens read row
+(dh + Wh - 1)(2Ww - 1) + (dw + Ww - 1), (dh, dw) the key's coordinates minus
+the query's, each clipped to the window (SWIN-3); a pair with a prefix
+token reads ``offset_rows`` (query prefix), + 1 (key prefix) or + 2 (both)
+(SWIN-4). The row needs both positions, not only their difference.
+
+One hook, the bias (REL-3 (3)), eager and per tile (the protocol is in
+``torch_impl.schemes``); ``rel_b`` (H, R) gets its gradient from autograd's
+scatter-add. Axis legend (AXES-1): B, H, Lq, Lk; R = ``num_rows``; a tile
+has T queries and k1 keys.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ._bias_tables import call_positions, table_bias, tile_positions
+
+
+def coordinates(scheme, positions: torch.Tensor) -> tuple:
+    """POS-5: (row, column) of window tokens at ``positions`` by floor division, int64 of their shape
+    (prefix tokens get numbers too; ``pair_rows`` replaces their rows)."""
+    p = positions - scheme.prefix_tokens
+    Ww = scheme.window[1]
+    return torch.div(p, Ww, rounding_mode="floor"), torch.remainder(p, Ww)  # remainder: the sign of Ww
+
+
+def pair_rows(scheme, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """SWIN-3, SWIN-4: the table row of every pair, (1|B, Lq, Lk) int64 from (1|B, Lq), (1|B, Lk) positions."""
+    (Wh, Ww), P = scheme.window, scheme.prefix_tokens
+    qh, qw = coordinates(scheme, q_pos)
+    kh, kw = coordinates(scheme, k_pos)
+    dh = (kh.unsqueeze(1) - qh.unsqueeze(2)).clamp_(1 - Wh, Wh - 1)  # (1|B, Lq, Lk)
+    dw = (kw.unsqueeze(1) - qw.unsqueeze(2)).clamp_(1 - Ww, Ww - 1)
+    row = (dh + (Wh - 1)) * (2 * Ww - 1) + (dw + (Ww - 1))
+    if not P:
+        return row
+    q_prefix = (q_pos < P).unsqueeze(2)  # (1|B, Lq, 1)
+    k_prefix = (k_pos < P).unsqueeze(1)  # (1|B, 1, Lk)
+    base = scheme.offset_rows
+    prefix_row = base + 2 * (q_prefix & k_prefix) + (~q_prefix & k_prefix)  # +0 query, +1 key, +2 both
+    return torch.where(q_prefix | k_prefix, prefix_row, row)
+
+
+# ---------------------------------------------------------------- eager hook
+def bias(scheme, params: dict, call, *, num_heads: int, stat: torch.dtype) -> torch.Tensor:
+    """SWIN-1: (1|B, H, Lq, Lk) = rel_b[h, row(q_pos_i, k_pos_j)] in the stat dtype."""
+    return table_bias(params["rel_b"], pair_rows(scheme, *call_positions(call)), stat)
+
+
+# ---------------------------------------------------------------- tile hooks
+class TileState(NamedTuple):
+    """What every tile of one call reads, built once (``tile_state``)."""
+
+    scheme: object
+    rel_b: torch.Tensor  # (H, R), widened to the stat dtype once: the tiles' gradients sum there
+    q_pos: torch.Tensor  # (1|B, Lq) int64
+    k_pos: torch.Tensor  # (1|B, Lk) int64
+    stat: torch.dtype  # PREC-4
+
+
+def tile_state(scheme, params: dict, q: torch.Tensor, call, *, causal: bool, rows: int, stat: torch.dtype) -> TileState:
+    """The table in ``stat`` (PREC-4) and the call's positions; ``q``, ``causal`` and ``rows`` are not needed."""
+    return TileState(scheme, params["rel_b"].to(stat), *call_positions(call), stat)
+
+
+def tile_bias(state: TileState, tile) -> torch.Tensor:
+    """SWIN-1 for one tile: (1|b, h, T, k1) in the stat dtype."""
+    return table_bias(
+        state.rel_b[tile.h], pair_rows(state.scheme, *tile_positions(state.q_pos, state.k_pos, tile)), state.stat
+    )
