@@ -649,7 +649,8 @@ def test_a_scheme_without_a_jax_module_is_refused_by_name(registered):
     with pytest.raises(
         ValueError,
         match=re.escape(
-            f"spec.relative: expected a scheme jax_impl implements (one of ['alibi', 'huang', 'rope', 'shaw', 'swin', 't5']; add one with "
+            "spec.relative: expected a scheme jax_impl implements "
+            f"(one of ['alibi', 'huang', 'rope', 'shaw', 'swin', 't5']; add one with "
             f"jax_impl.schemes.register_module(name, module)), got {registered.name!r} (DoubleQueryMinusDistance)"
         ),
     ):

@@ -9,8 +9,8 @@ skew) use small integers, whose products and sums are exact in float64, so
 they compare exactly: an index off by one cannot hide in a tolerance.
 """
 
-import dataclasses
 import contextlib
+import dataclasses
 import re
 from types import SimpleNamespace
 from unittest import mock
