@@ -28,6 +28,9 @@ TARGETS = [
     ("shaw", "vanilla", "forward+backward", 2.0),
     ("huang", "vanilla", "forward+backward", 2.5),
     ("rope", "vanilla", "forward", 1.15),
+    ("alibi", "vanilla", "forward", 1.3),
+    ("t5", "vanilla", "forward", 1.3),
+    ("swin", "vanilla", "forward", 1.3),
 ]
 TARGET_L = 1024
 OURS = {"torch": "torch_impl", "jax": "jax_impl"}

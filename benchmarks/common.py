@@ -19,7 +19,7 @@ SCHEMES = ("vanilla", "shaw", "huang", "huang-causal")
 
 def spec_for(scheme: str, L: int):
     """The measured layer of each scheme (the causal anchors use vanilla-causal)."""
-    from spec import AttentionSpec, Huang, Rope, Shaw
+    from spec import Alibi, AttentionSpec, Huang, Rope, Shaw, Swin, T5Bias
 
     return {
         "vanilla": AttentionSpec(H, D_HEAD),
@@ -28,6 +28,9 @@ def spec_for(scheme: str, L: int):
         "huang": AttentionSpec(H, D_HEAD, relative=Huang(L)),
         "huang-causal": AttentionSpec(H, D_HEAD, relative=Huang(L), causal=True),
         "rope": AttentionSpec(H, D_HEAD, relative=Rope()),  # the whole head, half layout
+        "alibi": AttentionSpec(H, D_HEAD, relative=Alibi()),
+        "t5": AttentionSpec(H, D_HEAD, relative=T5Bias()),
+        "swin": AttentionSpec(H, D_HEAD, relative=Swin((max(1, L // 32), 32))),  # one window of L tokens
     }[scheme]
 
 
@@ -35,7 +38,7 @@ def spec_for(scheme: str, L: int):
 class Record:
     framework: str
     impl: str  # e.g. "torch_impl", "sdpa (anchor)", "shaw seed (naive)"
-    scheme: str  # vanilla | vanilla-causal | shaw | huang | huang-causal | rope
+    scheme: str  # vanilla | vanilla-causal | shaw | huang | huang-causal | rope | alibi | t5 | swin
     L: int
     dtype: str
     device: str

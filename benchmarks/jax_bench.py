@@ -48,7 +48,10 @@ def jax_impl_layer(spec):
 
 IMPLS = {
     "dot_product_attention (anchor)": (dpa_layer, ("vanilla", "vanilla-causal")),
-    "jax_impl": (jax_impl_layer, ("vanilla", "vanilla-causal", "shaw", "huang", "huang-causal", "rope")),
+    "jax_impl": (
+        jax_impl_layer,
+        ("vanilla", "vanilla-causal", "shaw", "huang", "huang-causal", "rope", "alibi", "t5", "swin"),
+    ),
     PROJECTIONS: (projections_layer, ("vanilla",)),
 }
 

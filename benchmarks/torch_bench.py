@@ -60,7 +60,7 @@ def torch_impl_module_layer(spec, p):
 
 #: Schemes whose torch_impl rows time the nn.Module's forward (the parameters as nn.Linear layers)
 #: rather than the functional core; both project with the same addmm.
-MODULE_SCHEMES = ("rope",)
+MODULE_SCHEMES = ("rope", "alibi", "t5", "swin")
 
 
 def shaw_seed_layer(spec, p):
@@ -117,7 +117,11 @@ def projections_layer(spec, p):
 IMPLS = {
     # impl name: (layer factory, schemes it runs, longest L it is run at)
     "sdpa (anchor)": (sdpa_layer, ("vanilla", "vanilla-causal"), None),
-    "torch_impl": (torch_impl_layer, ("vanilla", "vanilla-causal", "shaw", "huang", "huang-causal", "rope"), None),
+    "torch_impl": (
+        torch_impl_layer,
+        ("vanilla", "vanilla-causal", "shaw", "huang", "huang-causal", "rope", "alibi", "t5", "swin"),
+        None,
+    ),
     PROJECTIONS: (projections_layer, ("vanilla",), None),
     "shaw seed (naive)": (shaw_seed_layer, ("shaw",), 2048),
     "music seed (naive)": (music_seed_layer, ("huang",), 1024),

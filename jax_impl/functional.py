@@ -1,7 +1,8 @@
 """The functional core: multi-head attention with relative positions in JAX.
 
     score[b,h,i,j]  = s * q_i . k_j  +  s_rel * rel_key(i, j)           (k of key/value head h // G)
-    logits[b,h,i,j] = cap(score)  +  bias[b,h,i,j]                     (cap: c tanh(score / c), SOFTCAP-1)
+    logits[b,h,i,j] = cap(score)  +  pos_bias(h, i, j)  +  bias[b,h,i,j]  (cap: c tanh(score / c), SOFTCAP-1;
+                                                                          pos_bias: ALiBi, T5, Swin, unscaled)
     w               = softmax over allowed keys (exact zeros elsewhere)  (causal, window, mask, bias)
     o_i             = sum_j w'_ij v_j  +  sum_j w'_ij rel_v[idx_ij]        w' = dropout(w)
     out             = merge(o) @ wo + bo

@@ -26,7 +26,7 @@ from .shaw import Shaw
 
 __all__ = ["AttentionSpec", "Shaw", "Huang", "Rope", "SPEC_VERSION"]
 
-SPEC_VERSION = "1.4.0"
+SPEC_VERSION = "1.5.0"
 
 
 @dataclass(frozen=True)

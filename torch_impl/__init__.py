@@ -11,7 +11,7 @@ module per position scheme (REL-4).
       _checks.py      the argument checks (INPUT-1), worded by spec.validation
       _core.py        what every kernel shares: the call, positions, allowed keys, softmax, head layout
       kernels/        eager (readable), sdpa (fused vanilla, after RoPE's rotation), tiles (fast explicit); the registry
-      schemes/        shaw, huang: the scheme hooks, eager and per tile (REL-4); the registry
+      schemes/        shaw, huang, rope, alibi, t5, swin: the scheme hooks, eager and per tile (REL-4); the registry
       _workspace.py   reused tile buffers (tiles kernel, no gradient recorded)
       module.py       the nn.Module
       interop.py      the nn.MultiheadAttention layout map (PARAM-3)
