@@ -1075,7 +1075,7 @@ def _cases() -> list[Case]:
             SWIN + ("SWIN-4", "SWIN-6", "POS-5"),
             AttentionSpec(num_heads=2, head_dim=2, relative=Swin((2, 2), prefix_tokens=2)),
             CROSS,
-            recipes=(Positions("random"),),
+            recipes=(Positions("random-per-batch"),),
         )
     )
 

@@ -18,10 +18,10 @@ from ._rows import table_bias, table_bias_vjp
 def rows(scheme, q_positions: np.ndarray, k_positions: np.ndarray) -> np.ndarray:
     """SWIN-3, SWIN-4: the table row of every pair, (1|B, Lq, Lk) from positions (1|B, Lq), (1|B, Lk)."""
     (Wh, Ww), P = scheme.window, scheme.prefix_tokens
-    qh, qw = np.divmod(q_positions.astype(np.int64) - P, Ww)  # POS-5, floor division
-    kh, kw = np.divmod(k_positions.astype(np.int64) - P, Ww)
+    qh, qw = np.divmod(q_positions - P, Ww)  # POS-5, floor division of the int64 positions (Context)
+    kh, kw = np.divmod(k_positions - P, Ww)
     dh = np.clip(kh[:, None, :] - qh[:, :, None], 1 - Wh, Wh - 1)
-    dw = np.clip(kw[:, None, :] - qw[:, :, None], 1 - Ww, Ww - 1)
+    dw = kw[:, None, :] - qw[:, :, None]  # columns are residues mod Ww: |dw| <= Ww - 1 needs no clip
     row = (dh + Wh - 1) * (2 * Ww - 1) + (dw + Ww - 1)
     if not P:
         return row

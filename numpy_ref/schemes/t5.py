@@ -14,11 +14,7 @@ from ._rows import table_bias, table_bias_vjp
 
 
 def buckets(scheme, delta: np.ndarray) -> np.ndarray:
-    """T5-2, T5-3: the bucket of every distance, an integer array of delta's shape."""
-    delta = np.asarray(delta)
-    if not np.issubdtype(delta.dtype, np.integer):
-        raise TypeError(f"t5_buckets: expected delta to be an integer array, got dtype {delta.dtype}")
-    delta = delta.astype(np.int64)
+    """T5-2, T5-3: the bucket of every distance of the int64 array delta, an array of its shape."""
     S, e = scheme.side_buckets, scheme.max_exact
     if scheme.bidirectional:
         base, n = np.where(delta > 0, S, 0), np.abs(delta)
@@ -32,7 +28,11 @@ def t5_buckets(delta, num_buckets: int = 32, max_distance: int = 128, bidirectio
     """``spec.t5_bucket`` over an integer array of distances delta = k_pos - q_pos (T5-2, T5-3)."""
     from spec import T5Bias
 
-    return buckets(T5Bias(num_buckets, max_distance, bidirectional), delta)
+    scheme = T5Bias(num_buckets, max_distance, bidirectional)
+    delta = np.asarray(delta)
+    if not np.issubdtype(delta.dtype, np.integer):
+        raise TypeError(f"t5_buckets: expected delta to be an integer array, got dtype {delta.dtype}")
+    return buckets(scheme, delta.astype(np.int64))
 
 
 def bias(scheme, params: dict, ctx):
