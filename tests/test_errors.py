@@ -231,7 +231,7 @@ def test_init_params_seed_must_be_an_int():
         (
             lambda: AttentionSpec(2, 2, relative="shaw"),
             TypeError,
-            "AttentionSpec.relative: expected None or a registered scheme (Huang(...), Rope(...), Shaw(...)), got 'shaw' of type str",
+            "AttentionSpec.relative: expected None or a registered scheme (Huang(...), Rope(...), Shaw(...), Alibi(...), T5Bias(...), Swin(...)), got 'shaw' of type str",
         ),
         (
             lambda: AttentionSpec(2, 2, causal=None),
