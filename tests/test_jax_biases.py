@@ -27,6 +27,7 @@ jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
+from test_jax_kernels import _every_kernel  # noqa: E402  (one program per configuration, shared)
 
 import jax_impl  # noqa: E402
 import numpy_ref  # noqa: E402
@@ -48,31 +49,6 @@ def _max_error(got, truth) -> float:
     truth = np.asarray(truth, np.float64)
     error = float(np.max(np.abs(np.asarray(got, np.float64) - truth), initial=0.0))
     return error / max(1.0, float(np.max(np.abs(truth), initial=0.0)))
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _every_kernel(spec_, kernels_, params, diff, other, g):
-    """{"out", "weights", "grad/<name>"...} of each kernel: one compiled program per configuration."""
-    results = []
-    for kernel in kernels_:
-
-        def f(params, diff, kernel=kernel):
-            return jax_impl.attention(
-                spec_,
-                params,
-                diff["query"],
-                diff["key"],
-                diff["value"],
-                bias=diff.get("bias"),
-                **other,
-                return_weights=True,
-                implementation=kernel,
-            )
-
-        out, pullback, weights = jax.vjp(f, params, diff, has_aux=True)
-        g_params, g_diff = pullback(g)
-        results.append({"out": out, "weights": weights, **{f"grad/{n}": a for n, a in {**g_params, **g_diff}.items()}})
-    return results
 
 
 def measure(spec_, inputs: dict, dtype=np.float64, seed: int = 0) -> list:

@@ -21,6 +21,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch_impl needs PyTorch: pip install attnspec[torch]")
 
 from _random_calls import random_call  # noqa: E402
+from test_torch_rope import tensors  # noqa: E402  (the random call as tensors, shared)
 
 import numpy_ref  # noqa: E402
 import torch_impl  # noqa: E402
@@ -95,19 +96,6 @@ def calls(name: str, seeds=(0, 1, 2)):
         call.kwargs["q_positions"] = FAR_Q[:Lq]
         call.kwargs["k_positions"] = np.stack([FAR_K[:Lk], FAR_K[:Lk][::-1] + 3])[:B]
         yield call
-
-
-def tensors(call, dtype=torch.float64, requires_grad=False):
-    """params, query, key, value and keyword tensors of a random call, in dtype (each its own tensor)."""
-
-    def t(a):
-        a = torch.as_tensor(np.array(a))
-        return a.to(dtype).requires_grad_(requires_grad) if a.is_floating_point() else a
-
-    params = {n: t(a) for n, a in call.params.items()}
-    q, k, v = t(call.query), t(call.key), t(call.value)
-    kw = {n: (t(a) if n == "bias" else torch.as_tensor(np.array(a))) for n, a in call.kwargs.items()}
-    return params, q, k, v, kw
 
 
 def kernel_call(spec, q, k, kw, return_weights=False) -> Call:
