@@ -17,7 +17,7 @@ import tempfile
 from spec import SPEC_VERSION, rule_ids
 
 from . import report
-from .adapters import BUILTIN, AdapterError, available_names, entry_points, load_adapter
+from .adapters import BUILTIN, EXTENDED, AdapterError, available_names, entry_points, load_adapter
 from .catalog import CASES
 from .store import GOLDEN_DIR, GoldenError
 
@@ -66,13 +66,17 @@ def _check_report_dir(path: str) -> pathlib.Path:
     return directory
 
 
-def _adapter_names(names) -> list:
-    return list(names or list(BUILTIN) + sorted(entry_points()))
+def _adapter_names(names, everything: bool = True) -> list:
+    """The names asked for, or every built-in (without the EXTENDED ones unless ``everything``) and
+    entry-point adapter."""
+    if names:
+        return list(names)
+    return [n for n in BUILTIN if everything or n not in EXTENDED] + sorted(entry_points())
 
 
-def _adapters(names):
+def _adapters(names, everything: bool = True):
     out = []
-    for n in _adapter_names(names):
+    for n in _adapter_names(names, everything):
         try:
             out.append(load_adapter(n))
         except AdapterError as e:
@@ -95,7 +99,10 @@ def cmd_run(args) -> int:
     if args.jobs < 1:
         raise UsageError(f"--jobs {args.jobs}: expected an integer >= 1")
     report_dir = _check_report_dir(args.report) if args.report else None
-    plan = Plan(_adapters(args.adapter), _select_cases(args.case), args.dtype or None, args.device or None)
+    plan = Plan(_adapters(args.adapter, args.all), _select_cases(args.case), args.dtype or None, args.device or None)
+    if not args.adapter and not args.all:
+        for name, why in EXTENDED.items():
+            print(f"left out: {name} ({why}); --all or --adapter {name} runs it")
     progress = _progress_bar(sum(1 for _ in matrix(plan)), not args.no_progress)
     try:
         results = run(
@@ -103,7 +110,7 @@ def cmd_run(args) -> int:
             directory=pathlib.Path(args.goldens),
             progress=progress,
             jobs=args.jobs,
-            names=_adapter_names(args.adapter),
+            names=_adapter_names(args.adapter, args.all),
         )
     finally:
         if progress is not None:
@@ -155,6 +162,8 @@ def cmd_list(args) -> int:
             )
         else:
             print(f"  {name:34s} unavailable: {why}")
+        if name in EXTENDED:
+            print(f"  {'':34s} run by --all or by name only: {EXTENDED[name]}")
     return 0
 
 
@@ -249,8 +258,10 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--adapter",
         action="append",
-        help="adapter name, mutant/NAME or module:Class (repeatable; default: every built-in and entry-point adapter)",
+        help="adapter name, mutant/NAME or module:Class (repeatable; default: every built-in and entry-point "
+        f"adapter but {', '.join(EXTENDED)})",
     )
+    run.add_argument("--all", action="store_true", help=f"with no --adapter: every adapter, {', '.join(EXTENDED)} too")
     run.add_argument("--device", action="append", help="cpu, cuda or gpu (repeatable; default: all present)")
     run.add_argument("--dtype", action="append", help="float64, float32, bfloat16, float16 (repeatable)")
     run.add_argument("--case", action="append", help="case id pattern (fnmatch or substring; repeatable)")

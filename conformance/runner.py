@@ -5,12 +5,12 @@ from __future__ import annotations
 import fnmatch
 import json
 import pathlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 from .cases import ALL_DTYPES as DTYPE_ORDER
 from .catalog import BY_ID, CASES
-from .checks import CaseRun, CheckResult
+from .checks import CaseRun, CheckResult, stored_call
 from .store import GOLDEN_DIR, load_case, load_manifest
 
 DEVIATIONS_FILE = pathlib.Path(__file__).resolve().parent / "deviations.json"
@@ -160,16 +160,19 @@ def _run_cells(plan: Plan, directory: pathlib.Path, progress: Optional[Callable]
     cells = list(matrix(plan))
     if by_case:
         order = {c.id: n for n, c in enumerate(plan.cases)}
-        cells.sort(key=lambda cell: (cell[2], order[cell[4].id]))  # device, case; adapters in plan order
+        # device, case; first the adapters whose programs others share (whose cells they may run as)
+        shared = {n for a in plan.adapters for n in getattr(a, "shares_programs_with", ())}
+        cells.sort(key=lambda cell: (cell[2], order[cell[4].id], cell[0].name not in shared))
     loaded: dict = {}
     results: list = []
     envs = {}
     previous, used = None, []
+    ran: dict = {}  # (adapter name, dtype, device) -> the checks of its cell of the current case
     for adapter, caps, device, dtype, case, skip in cells:
         if previous is not None and previous != case.id:
             for a in used:
                 a.release()  # the previous case's compiled programs are not needed again
-            used = []
+            used, ran = [], {}
         previous = case.id
         if adapter not in used:
             used.append(adapter)
@@ -198,12 +201,35 @@ def _run_cells(plan: Plan, directory: pathlib.Path, progress: Optional[Callable]
             loaded[case.id] = load_case(case.id, entry, directory)
         if adapter.name not in envs:
             envs[adapter.name] = adapter.environment()
+        same = _ran_as(adapter, case, loaded[case.id], dtype, device, ran)
+        if same is not None:
+            name, checks = same
+            note = f"the cell of {name}: the same kernel and compiled program"
+            for r in checks:
+                message = f"{r.message} ({note})" if r.message else note
+                results.append(replace(r, adapter=adapter.name, message=message, environment=envs[adapter.name]))
+            continue
+        cell = []
         for r in CaseRun(case, entry, loaded[case.id], adapter, caps, dtype, device).run():
             r.environment = envs[adapter.name]
-            results.append(r)
+            cell.append(r)
+        ran[adapter.name, dtype, device] = cell
+        results.extend(cell)
     for a in used:
         a.release()
     return results
+
+
+def _ran_as(adapter, case, tensors: dict, dtype: str, device: str, ran: dict):
+    """(name, checks) of the cell already run by the adapter ``adapter`` runs as for this case (``runs_as``),
+    or None: it runs its own cell (no such hook, an error case, no such adapter in this process, or that
+    cell skipped)."""
+    if not hasattr(adapter, "runs_as") or case.expect_error:
+        return None
+    _, inputs, _ = stored_call(case, tensors, dtype)
+    name = adapter.runs_as(case.spec, inputs)
+    checks = ran.get((name, dtype, device))
+    return None if checks is None or name == adapter.name else (name, checks)
 
 
 def _run_unit(names: tuple, case_ids: list, dtype: str, devices, directory: str, queue) -> list:

@@ -412,3 +412,58 @@ def test_twins_and_decoding_call_forward_only_and_judge_it():
     results = runner.run(runner.Plan([wrong], cases=cases, dtypes=["float64"]))
     failed = {r.check for r in results if r.status == "fail"}
     assert failed == {r.check for r in judged}  # the main forward, weights and gradients are not forward_only's
+
+
+class Follower(NumpyRefAdapter):
+    """Says it runs as the reference's cell, and computes a wrong output when it runs its own."""
+
+    name = "numpy-follower"
+    shares_programs_with = ("numpy",)
+
+    def runs_as(self, spec, inputs):
+        return "numpy"
+
+    def forward(self, spec, params, inputs, *, device, need_weights):
+        result = super().forward(spec, params, inputs, device=device, need_weights=need_weights)
+        return {**result, "out": result["out"] + 1e-3}
+
+
+def test_an_adapter_that_runs_as_another_reports_that_cell_under_its_own_name():
+    """``runs_as``: in one process with the adapter it names, its cell is that adapter's checks, renamed
+    and noted; alone (or for an error case) it runs its own cell."""
+    cases = [catalog.BY_ID["mask/rank2-QK"], catalog.BY_ID["errors/mask-not-boolean"]]
+    plan = runner.Plan([Follower(), NumpyRefAdapter()], cases=cases, dtypes=["float64"])
+    results = runner._run_cells(plan, store.GOLDEN_DIR, None, by_case=True)
+    source = [r for r in results if r.adapter == "numpy" and r.case == cases[0].id]
+    copied = [r for r in results if r.adapter == Follower.name and r.case == cases[0].id]
+    assert source and [(r.check, r.status, r.max_abs) for r in copied] == [
+        (r.check, r.status, r.max_abs) for r in source
+    ]
+    assert all(
+        r.message.endswith("(the cell of numpy: the same kernel and compiled program)")
+        or r.message == "the cell of numpy: the same kernel and compiled program"
+        for r in copied
+    )
+    errors = [r for r in results if r.adapter == Follower.name and r.case == cases[1].id]
+    assert errors and all("the cell of numpy" not in r.message for r in errors)
+    alone = runner._run_cells(runner.Plan([Follower()], cases=cases[:1], dtypes=["float64"]), store.GOLDEN_DIR, None)
+    assert any(r.check == "out" and r.status == "fail" for r in alone)
+
+
+def test_run_leaves_the_extended_adapters_out_and_says_so(monkeypatch, capsys):
+    """``python -m conformance run`` without --adapter: every adapter but EXTENDED's, each named with its
+    reason; ``--all`` (or the name) brings one back."""
+    from conformance import cli
+    from conformance.adapters import BUILTIN, EXTENDED
+
+    assert "jax:xla" in EXTENDED and set(EXTENDED) <= set(BUILTIN)
+    assert "jax:xla" not in cli._adapter_names(None, False) and "jax" in cli._adapter_names(None, False)
+    assert cli._adapter_names(None, True)[: len(BUILTIN)] == list(BUILTIN)
+    assert cli._adapter_names(["jax:xla"], False) == ["jax:xla"]
+    monkeypatch.setattr(cli, "BUILTIN", {"numpy": BUILTIN["numpy"], "jax:xla": BUILTIN["jax:xla"]})
+    monkeypatch.setattr(cli, "EXTENDED", {"jax:xla": "slow here"})
+    monkeypatch.setattr(cli, "entry_points", dict)
+    assert cli.main(["run", "--case", "vanilla/self/L1", "--dtype", "float64", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "left out: jax:xla (slow here); --all or --adapter jax:xla runs it" in out
+    assert "numpy " in out and "jax:xla " not in out.split("left out")[1].split("\n", 1)[1]

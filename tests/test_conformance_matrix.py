@@ -7,7 +7,8 @@ cannot run is skipped with the reason the harness gives.
 Every built-in adapter runs here, with these exceptions that keep the suite
 under ten minutes on 2 cores (XLA compiles about 0.8 s per program, one per
 case and dtype); ``.ci/run`` runs them in full through ``python -m
-conformance run``, and so does the quick start's first command:
+conformance run``, and so does the quick start's first command (all but
+``jax:xla``, which it runs with ``--all``):
 
 - ``jax``, jax_impl's automatic kernel choice: for every case it resolves
   to exactly the kernel object ``jax:tiles`` pins

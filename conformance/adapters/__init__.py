@@ -39,6 +39,14 @@ BUILTIN = {
     "gemma-rope": "conformance.adapters.jax_rope_libs:GemmaRopeAdapter",
 }
 
+#: Built-in adapters that ``python -m conformance run`` leaves out unless named (``--adapter``) or asked for
+#: (``--all``), with the reason; ``.ci/run`` runs them. Each compiles many programs that no other cell shares.
+EXTENDED = {
+    "jax:xla": "jax_impl's readable baseline kernel compiles about 260 XLA programs of its own (Shaw, Huang and "
+    "the plain causal rule differ from the tiles kernel the automatic choice runs), about 3.5 more minutes "
+    "on 2 cores; the kernel tests check it against the reference in pytest",
+}
+
 
 class AdapterError(LookupError):
     """An adapter name or spec that cannot be resolved."""
@@ -86,4 +94,13 @@ def load_adapter(name: str) -> Adapter:
     return _load_spec(target or name)()
 
 
-__all__ = ["Adapter", "Capabilities", "BUILTIN", "load_adapter", "available_names", "AdapterError", "ENTRY_POINT_GROUP"]
+__all__ = [
+    "Adapter",
+    "Capabilities",
+    "BUILTIN",
+    "EXTENDED",
+    "load_adapter",
+    "available_names",
+    "AdapterError",
+    "ENTRY_POINT_GROUP",
+]

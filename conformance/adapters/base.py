@@ -163,3 +163,9 @@ class Adapter(abc.ABC):
     #                                            for (the twins' and decoding calls): an adapter that
     #                                            compiles forward and gradients as one program per call
     #                                            compiles the forward alone here
+    #   runs_as(spec, inputs) -> str | None      the name of another adapter, one of its
+    #                                            ``shares_programs_with``, whose cell for this call runs the
+    #                                            very same code (one kernel, one compiled program): a run
+    #                                            that holds both in one process runs that cell once and
+    #                                            reports it under both names (``jax``, whose automatic
+    #                                            choice resolves to the kernel ``jax:tiles`` pins)

@@ -114,6 +114,15 @@ class JaxImplAdapter(_jax.JaxAdapter):
         (kernel,) = chosen
         return kernel.name if kernel == kernels.resolve(kernel.name, spec, calls[0]) else None
 
+    def runs_as(self, spec, inputs) -> Optional[str]:
+        """``jax``: the kernel adapter whose cell is this one's call for call (``kernel_name`` resolves
+        both calls to exactly the kernel object that adapter pins, so both compile one program); the
+        pinned adapters: None."""
+        if self.implementation is not None:
+            return None
+        kernel = self.kernel_name(spec, inputs)
+        return None if kernel is None else f"jax:{kernel}"
+
     def _arguments(self, params, inputs, device):
         """(params, called, other, omitted) as jax arrays: the inputs the call passes (key and value
         left out where the case omits them) and the names it omits."""
