@@ -557,3 +557,51 @@ def test_alibi_slopes_are_one_per_query_head():
         ValueError, match=re.escape("Alibi.slopes: expected one slope per query head, num_heads = 3 (ALIBI-2), got 2")
     ):
         AttentionSpec(3, 2, relative=Alibi(slopes=(1.0, 2.0)))
+
+
+@pytest.mark.parametrize("name", ["alibi", "alibi-linear", "alibi-slopes", "t5", "t5-causal", "t5-default"])
+@pytest.mark.parametrize("shape", [(5, 9, 3, 3), (7, 3, 3, 1), (1, 6, 5, 5)], ids=["lq5-lk9", "lq7-lk3-gqa", "lq1"])
+def test_sdpa_reads_a_bias_of_the_distance_from_a_view_of_its_lq_plus_lk_minus_1_values(name, shape):
+    """REL-3 (3), POS-3: at default positions with nothing else in the mask, sdpa gives SDPA the strided
+    view of the Lq + Lk - 1 values (``distance_bias``) with the queries in reverse order; never a whole
+    (H, Lq, Lk) bias (``scheme_bias`` is not called). Out and every gradient (rel_b's through the view's
+    backward) are the reference's in float64."""
+    Lq, Lk, H, Hkv = shape
+    spec = AttentionSpec(H, 2, relative=SCHEMES[name](H), num_kv_heads=Hkv)
+    params = numpy_ref.init_params(spec, seed=3)
+    rng = np.random.default_rng(3)
+    x, kv, g = rng.normal(size=(2, Lq, 2 * H)), rng.normal(size=(2, Lk, 2 * H)), rng.normal(size=(2, Lq, 2 * H))
+    want = numpy_ref.attention(spec, params, x, kv, kv)
+    want_grads = numpy_ref.attention_vjp(spec, params, x, kv, kv.copy(), g)
+    tp = {n: t.requires_grad_() for n, t in as_tensors(params).items()}
+    tx, tk, tv = (torch.as_tensor(a).requires_grad_() for a in (x, kv, kv.copy()))
+    with mock.patch("torch_impl.kernels.sdpa.scheme_bias", side_effect=AssertionError("a whole bias was built")):
+        out = torch_impl.attention(spec, tp, tx, tk, tv, implementation="sdpa")
+    assert max_rel_error(out, want) <= F64_RTOL
+    out.backward(torch.as_tensor(g))
+    got = {**{n: t.grad for n, t in tp.items()}, "query": tx.grad, "key": tk.grad, "value": tv.grad}
+    for n, a in want_grads.items():
+        assert max_rel_error(got[n], a) <= F64_RTOL, n
+
+
+@pytest.mark.parametrize("kernel", ["eager", "sdpa"])
+@pytest.mark.parametrize("window", [(3, 4), (4, 1), (1, 3), (2, 3)], ids=["3x4", "4x1", "1x3", "2x3"])
+def test_one_whole_swin_window_reads_its_table_through_a_view(window, kernel):
+    """SWIN-1 for the call Swin makes per window (Wh * Ww tokens, default positions, no prefix): the table
+    through ``swin.one_window``'s unfolded view, no row index (``pair_rows`` is not called); out and every
+    gradient, rel_b's included, are the reference's in float64."""
+    Wh, Ww = window
+    L = Wh * Ww
+    spec = AttentionSpec(3, 2, relative=Swin(window))
+    params = numpy_ref.init_params(spec, seed=4)
+    rng = np.random.default_rng(4)
+    x, g = rng.normal(size=(2, L, 6)), rng.normal(size=(2, L, 6))
+    want, want_grads = numpy_ref.attention(spec, params, x), numpy_ref.attention_vjp(spec, params, x, x, x, g)
+    tp = {n: t.requires_grad_() for n, t in as_tensors(params).items()}
+    tx = torch.as_tensor(x).requires_grad_()
+    with mock.patch.object(swin, "pair_rows", side_effect=AssertionError("a row index was built")):
+        out = torch_impl.attention(spec, tp, tx, implementation=kernel)
+    assert max_rel_error(out, want) <= F64_RTOL
+    out.backward(torch.as_tensor(g))
+    assert max_rel_error(tp["rel_b"].grad, want_grads["rel_b"]) <= F64_RTOL
+    assert max_rel_error(tx.grad, want_grads["query"] + want_grads["key"] + want_grads["value"]) <= F64_RTOL

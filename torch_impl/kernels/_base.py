@@ -71,3 +71,14 @@ def scheme_bias(spec: AttentionSpec, params: dict, call, stat):
     if scheme is None or "bias" not in scheme.hooks:
         return None
     return schemes.module_for(scheme).bias(scheme, params, call, num_heads=spec.num_heads, stat=stat)
+
+
+def scheme_distance_bias(spec: AttentionSpec, params: dict, call, stat):
+    """REL-3 (3) at default positions for a scheme whose bias depends on delta alone: its
+    ``distance_bias``, (1, H, Lq + Lk - 1) in ``stat``, the value of every distance -(Lq - 1) .. Lk - 1;
+    None for any other call or scheme."""
+    scheme = spec.relative
+    if scheme is None or "bias" not in scheme.hooks or not call.default_positions:
+        return None
+    hook = getattr(schemes.module_for(scheme), "distance_bias", None)
+    return None if hook is None else hook(scheme, params, call, num_heads=spec.num_heads, stat=stat)

@@ -13,6 +13,12 @@ float ``attn_mask`` with the bias input, in the stat dtype (float32 for the
 
     attn_mask = where(allowed, scheme_bias + bias, -inf)        (1|B, H, Lq, Lk)
 
+A bias of the distance alone (ALiBi, T5) at default positions with nothing
+else in the mask is never written out: its Lq + Lk - 1 values
+(``distance_bias``) make a strided view whose row t holds query Lq - 1 - t,
+and SDPA runs the queries in that order (each row's arithmetic is the
+same, so the output is too).
+
 It takes no other relative term (a key term or value term needs the
 logits, which SDPA never exposes), no ``mask_fill`` (MASK-6), no soft cap
 (SOFTCAP-1: it has no hook between the score and the mask; the scheme bias
@@ -30,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _core
-from ._base import Kernel, scheme_bias, transform_qk
+from ._base import Kernel, scheme_bias, scheme_distance_bias, transform_qk
 
 
 @dataclass(frozen=True)
@@ -72,7 +78,14 @@ def attention(spec, params: dict, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     q, k = transform_qk(spec, params, q, k, call)  # REL-3 (1): before the fused kernel
     s = spec.effective_scale
     gqa = k.shape[1] != q.shape[1]  # HEAD-3: SDPA repeats each key/value head for G consecutive query heads
-    added = scheme_bias(spec, params, call, _core.stat_dtype(q.dtype))  # REL-3 (3): (1|B, H, Lq, Lk) or None
+    stat = _core.stat_dtype(q.dtype)
+    alone = not spec.causal and spec.window is None and call.mask is None and call.bias is None
+    per_distance = scheme_distance_bias(spec, params, call, stat) if alone else None  # (1, H, Lq + Lk - 1)
+    if per_distance is not None:  # REL-3 (3): [t, j] = the bias of distance t + j - (Lq - 1), query Lq - 1 - t
+        reversed_rows = per_distance.unfold(-1, call.Lk, 1)  # (1, H, Lq, Lk), a view
+        o = F.scaled_dot_product_attention(q.flip(2), k, v, attn_mask=reversed_rows, scale=s, enable_gqa=gqa)
+        return o.flip(2)
+    added = scheme_bias(spec, params, call, stat)  # REL-3 (3): (1|B, H, Lq, Lk) or None
     plain_causal = spec.causal and spec.window is None and call.default_positions
     if plain_causal and call.mask is None and call.bias is None and added is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=s, enable_gqa=gqa)  # CAUSAL-1 top-left

@@ -58,6 +58,13 @@ is a scatter-add); nothing loops over positions.
   through ``_core.positions``), ``num_heads`` H (ALiBi's slopes depend on
   it). The eager and sdpa kernels call it once per call, through
   ``kernels._base.scheme_bias``;
+- optionally ``distance_bias(scheme, params, call, *, num_heads, stat) ->
+  (1, H, Lq + Lk - 1)``, for a scheme whose bias depends on delta alone
+  (ALiBi, T5), at default positions only: the bias of every distance
+  -(Lq - 1) .. Lk - 1 once (``_bias_tables.call_distances``). The sdpa
+  kernel hands SDPA its strided (Lq, Lk) view, rows in reverse query order
+  (``_bias_tables.by_distance`` lays them out in order for ``bias``), so no
+  (H, Lq, Lk) bias is written;
 - ``tile_bias(state, tile) -> (1|b, h, T, k1)``, per tile, in ``stat``: the
   bias of the tile's batches, heads, queries and keys (``state`` from the
   scheme's ``tile_state`` above, whose q gives H and the device), so the

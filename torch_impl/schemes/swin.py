@@ -54,7 +54,23 @@ def pair_rows(scheme, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------- eager hook
 def bias(scheme, params: dict, call, *, num_heads: int, stat: torch.dtype) -> torch.Tensor:
     """SWIN-1: (1|B, H, Lq, Lk) = rel_b[h, row(q_pos_i, k_pos_j)] in the stat dtype."""
+    (Wh, Ww), P = scheme.window, scheme.prefix_tokens
+    if call.default_positions and not P and call.Lq == call.Lk == Wh * Ww:
+        return one_window(params["rel_b"], Wh, Ww, stat)
     return table_bias(params["rel_b"], pair_rows(scheme, *call_positions(call)), stat)
+
+
+def one_window(rel_b: torch.Tensor, Wh: int, Ww: int, stat: torch.dtype) -> torch.Tensor:
+    """SWIN-1 for the call Swin makes per window: its Wh * Ww tokens at default positions, no prefix.
+
+    Every pair is inside the window (no clip, SWIN-3), so the (H, 2Wh - 1, 2Ww - 1) table is read at
+    [kh - qh + Wh - 1, kw - qw + Ww - 1]: two unfolds make that a view, indexed (Wh - 1 - qh, Ww - 1 - qw,
+    kh, kw), and one flip writes it out, (1, H, L, L) in ``stat``, with no (L, L) row index.
+    """
+    H = rel_b.shape[0]
+    table = rel_b.to(stat).reshape(H, 2 * Wh - 1, 2 * Ww - 1)
+    by_pair = table.unfold(1, Wh, 1).unfold(2, Ww, 1)  # (H, Wh, Ww, Wh, Ww): [a, c, b, e] = table[a + b, c + e]
+    return by_pair.flip(1, 2).reshape(1, H, Wh * Ww, Wh * Ww)
 
 
 # ---------------------------------------------------------------- tile hooks
