@@ -19,6 +19,9 @@ conformance run``, and so does the quick start's first command (all but
   ``jax:tiles`` (its float64 and float32 cells run here; the 16-bit
   arithmetic of jax_impl is tested here by tests/test_jax_impl.py in every
   dtype, and cell by cell by ``.ci/run``);
+- the 16-bit cells of the JAX peers ``jax-nn`` and ``flax-mha`` (their
+  float64 and float32 cells run here; XLA:CPU compiles a 16-bit program
+  about 1.75 times as long, 2.3-3.6 s a cell);
 - the outside RoPE adapters (``hf-*``, ``rotary-embedding-torch``,
   ``torchtune-rope``, ``xt-rope``, ``keras-hub-rope``, ``gemma-rope``):
   their own test files here check each library against the reference, and
@@ -41,6 +44,8 @@ CLI_ONLY = {
     "jax": ALL,
     "jax:xla": ALL,
     "jax:tiles": ("bfloat16", "float16"),
+    "jax-nn": ("bfloat16", "float16"),
+    "flax-mha": ("bfloat16", "float16"),
     # the outside RoPE adapters: each library's own tests here (tests/test_*rope*.py) check it against the
     # reference; its cells run in `python -m conformance run` (keras-hub and Gemma are installed by .ci/run alone)
     **dict.fromkeys(
@@ -104,3 +109,19 @@ def test_jax_automatic_choice_is_the_tiles_kernel():
                 return_weights=weights,
             )
             assert kernels.resolve(None, case.spec, call) == kernels.resolve("tiles", case.spec, call), case.id
+
+
+def test_every_cell_left_to_the_cli_runs_in_ci():
+    """Each (adapter, dtype) of CLI_ONLY is named by a ``python -m conformance run`` line of .ci/run (no
+    ``--dtype`` there: every dtype), so leaving a cell out of pytest never leaves it out of CI."""
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).resolve().parents[1] / ".ci" / "run").read_text(encoding="utf-8")
+    commands = [c for c in text.replace("\\\n", " ").splitlines() if "-m conformance run" in c]
+    covered = set()
+    for command in commands:
+        dtypes = re.findall(r"--dtype (\S+)", command) or ALL
+        covered |= {(a, d) for a in re.findall(r"--adapter (\S+)", command) for d in dtypes}
+    missing = sorted((a, d) for a, dtypes in CLI_ONLY.items() for d in dtypes if (a, d) not in covered)
+    assert not missing, f"cells in neither pytest nor .ci/run: {missing}"
