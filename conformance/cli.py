@@ -29,20 +29,31 @@ class UsageError(Exception):
     pass
 
 
-def _progress_bar(total: int, enabled: bool):
+def _progress_bar(total, enabled: bool):
+    """A step function for the runner, or None (disabled, or no tqdm). ``total``: the number of cells, or a
+    function that counts them, called in a thread while the run starts (counting asks every adapter for
+    its capabilities, which imports every framework in this process)."""
+    if not enabled:
+        return None
     try:
         from tqdm import tqdm
     except ImportError:  # the bar is a convenience; the run does not need it
         return None
-    bar = tqdm(
-        total=total, unit="cell", disable=None if enabled else True, file=sys.stderr, dynamic_ncols=True, leave=False
-    )
+    bar = tqdm(total=None if callable(total) else total, unit="cell", file=sys.stderr, dynamic_ncols=True, leave=False)
+    if callable(total):
+        import threading
+
+        def count():
+            bar.total = total()
+            bar.refresh()
+
+        threading.Thread(target=count, daemon=True).start()
 
     def step(adapter, device, dtype, case_id):
         bar.set_description_str(f"{adapter} {device} {dtype}", refresh=False)
         bar.update(1)
 
-    step.close = bar.close
+    step.close, step.bar = bar.close, bar
     return step
 
 
@@ -103,7 +114,7 @@ def cmd_run(args) -> int:
     if not args.adapter and not args.all:
         for name, why in EXTENDED.items():
             print(f"left out: {name} ({why}); --all or --adapter {name} runs it")
-    progress = _progress_bar(sum(1 for _ in matrix(plan)), not args.no_progress)
+    progress = _progress_bar(lambda: sum(1 for _ in matrix(plan)), not args.no_progress)
     try:
         results = run(
             plan,

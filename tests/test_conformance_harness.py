@@ -467,3 +467,29 @@ def test_run_leaves_the_extended_adapters_out_and_says_so(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "left out: jax:xla (slow here); --all or --adapter jax:xla runs it" in out
     assert "numpy " in out and "jax:xla " not in out.split("left out")[1].split("\n", 1)[1]
+
+
+def test_the_progress_bar_counts_the_cells_beside_the_run():
+    """The run starts before the matrix is counted (a thread sets the bar's total); --no-progress counts
+    nothing at all."""
+    import threading
+
+    from conformance import cli
+
+    pytest.importorskip("tqdm")
+    release = threading.Event()
+
+    def total():
+        release.wait(5)
+        return 7
+
+    step = cli._progress_bar(total, True)
+    assert step.bar.total is None  # not counted yet: the caller goes on
+    release.set()
+    for _ in range(100):
+        if step.bar.total is not None:
+            break
+        threading.Event().wait(0.05)
+    assert step.bar.total == 7
+    step.close()
+    assert cli._progress_bar(lambda: pytest.fail("counted without a bar"), False) is None
