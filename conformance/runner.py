@@ -224,7 +224,7 @@ def _ran_as(adapter, case, tensors: dict, dtype: str, device: str, ran: dict):
     """(name, checks) of the cell already run by the adapter ``adapter`` runs as for this case (``runs_as``),
     or None: it runs its own cell (no such hook, an error case, no such adapter in this process, or that
     cell skipped)."""
-    if not hasattr(adapter, "runs_as") or case.expect_error:
+    if not hasattr(adapter, "runs_as") or not getattr(adapter, "shares_programs_with", ()) or case.expect_error:
         return None
     _, inputs, _ = stored_call(case, tensors, dtype)
     name = adapter.runs_as(case.spec, inputs)

@@ -70,6 +70,9 @@ def scheme_bias(spec: AttentionSpec, params: dict, call, stat):
     scheme = spec.relative
     if scheme is None or "bias" not in scheme.hooks:
         return None
+    per_distance = scheme_distance_bias(spec, params, call, stat)
+    if per_distance is not None:  # a bias of j - i alone: computed once per distance, then laid out
+        return by_distance(per_distance, call.Lq, call.Lk)
     return schemes.module_for(scheme).bias(scheme, params, call, num_heads=spec.num_heads, stat=stat)
 
 
@@ -82,3 +85,14 @@ def scheme_distance_bias(spec: AttentionSpec, params: dict, call, stat):
         return None
     hook = getattr(schemes.module_for(scheme), "distance_bias", None)
     return None if hook is None else hook(scheme, params, call, num_heads=spec.num_heads, stat=stat)
+
+
+def by_distance(values, Lq: int, Lk: int):
+    """(..., Lq + Lk - 1) values of the distances -(Lq - 1) .. Lk - 1 -> (..., Lq, Lk), entry [i, j] the
+    value of distance j - i (POS-3): one strided copy instead of a term computed per pair.
+
+    ``unfold`` gives [t, j] = values[t + j], the distance t + j - (Lq - 1); row t is query Lq - 1 - t, hence
+    the flip (sdpa hands SDPA the unflipped view and reverses the queries instead). Autograd sums every
+    pair's gradient into its distance, then into the table rows.
+    """
+    return values.unfold(-1, Lk, 1).flip(-2)

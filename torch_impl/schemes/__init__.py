@@ -62,9 +62,9 @@ is a scatter-add); nothing loops over positions.
   (1, H, Lq + Lk - 1)``, for a scheme whose bias depends on delta alone
   (ALiBi, T5), at default positions only: the bias of every distance
   -(Lq - 1) .. Lk - 1 once (``_bias_tables.call_distances``). The sdpa
-  kernel hands SDPA its strided (Lq, Lk) view, rows in reverse query order
-  (``_bias_tables.by_distance`` lays them out in order for ``bias``), so no
-  (H, Lq, Lk) bias is written;
+  kernel hands SDPA its strided (Lq, Lk) view, rows in reverse query order,
+  so no (H, Lq, Lk) bias is written; the eager kernel lays them out in order
+  (``kernels._base.scheme_bias``, ``by_distance``) instead of calling ``bias``;
 - ``tile_bias(state, tile) -> (1|b, h, T, k1)``, per tile, in ``stat``: the
   bias of the tile's batches, heads, queries and keys (``state`` from the
   scheme's ``tile_state`` above, whose q gives H and the device), so the

@@ -47,16 +47,6 @@ def call_distances(call) -> torch.Tensor:
     return torch.arange(1 - call.Lq, call.Lk, device=call.device).view(1, 1, -1)
 
 
-def by_distance(values: torch.Tensor, Lq: int, Lk: int) -> torch.Tensor:
-    """(..., Lq + Lk - 1) values of the distances -(Lq - 1) .. Lk - 1 (``call_distances``) -> (..., Lq, Lk),
-    entry [i, j] the value of distance j - i (POS-3): one strided copy instead of a term computed per pair.
-
-    ``unfold`` gives [t, j] = values[t + j], the distance t + j - (Lq - 1); row t is query Lq - 1 - t, hence
-    the flip. Autograd sums every pair's gradient into its distance, then into the table rows.
-    """
-    return values.unfold(-1, Lk, 1).flip(-2)
-
-
 def table_bias(rel_b: torch.Tensor, rows: torch.Tensor, stat: torch.dtype) -> torch.Tensor:
     """T5-1, SWIN-1: bias[b, h, i, j] = rel_b[h, rows[b, i, j]] in the stat dtype (PREC-4).
 

@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._bias_tables import by_distance, call_distances, call_positions, distances, tile_positions
+from ._bias_tables import call_distances, call_positions, distances, tile_positions
 
 
 def slopes(scheme, num_heads: int, dtype: torch.dtype, device) -> torch.Tensor:
@@ -36,12 +36,7 @@ def alibi_bias(scheme, head_slopes: torch.Tensor, delta: torch.Tensor) -> torch.
 
 # ---------------------------------------------------------------- eager hook
 def bias(scheme, params: dict, call, *, num_heads: int, stat: torch.dtype) -> torch.Tensor:
-    """ALIBI-1: (1|B, H, Lq, Lk) in the stat dtype from ``call.delta``; ``params`` holds no table of ALiBi's.
-
-    At default positions the bias depends on j - i alone: it is computed once per distance and laid out
-    (``by_distance``), the same products as per pair."""
-    if call.default_positions:
-        return by_distance(distance_bias(scheme, params, call, num_heads=num_heads, stat=stat), call.Lq, call.Lk)
+    """ALIBI-1: (1|B, H, Lq, Lk) in the stat dtype from ``call.delta``; ``params`` holds no table of ALiBi's."""
     return alibi_bias(scheme, slopes(scheme, num_heads, stat, call.device), call.delta)
 
 

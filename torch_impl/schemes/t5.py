@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._bias_tables import by_distance, call_distances, call_positions, distances, table_bias, tile_positions
+from ._bias_tables import call_distances, call_positions, distances, table_bias, tile_positions
 
 
 def thresholds(scheme, device) -> torch.Tensor:
@@ -43,12 +43,7 @@ def buckets(scheme, delta: torch.Tensor, limits: torch.Tensor) -> torch.Tensor:
 
 # ---------------------------------------------------------------- eager hook
 def bias(scheme, params: dict, call, *, num_heads: int, stat: torch.dtype) -> torch.Tensor:
-    """T5-1: (1|B, H, Lq, Lk) = rel_b[h, bucket(delta)] in the stat dtype, from ``call.delta``.
-
-    At default positions the bucket depends on j - i alone: the table is read once per distance and laid
-    out (``by_distance``), the same values as per pair."""
-    if call.default_positions:
-        return by_distance(distance_bias(scheme, params, call, num_heads=num_heads, stat=stat), call.Lq, call.Lk)
+    """T5-1: (1|B, H, Lq, Lk) = rel_b[h, bucket(delta)] in the stat dtype, from ``call.delta``."""
     return table_bias(params["rel_b"], buckets(scheme, call.delta, thresholds(scheme, call.device)), stat)
 
 
