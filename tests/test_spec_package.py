@@ -21,6 +21,13 @@ def test_version_is_semver():
     assert re.fullmatch(r"\d+\.\d+\.\d+", SPEC_VERSION)
 
 
+def test_the_package_and_the_citation_carry_the_spec_version():
+    """What pip installs and what people cite name the specification they implement (VER-1)."""
+    project = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    citation = re.search(r"^version: (\S+)", (ROOT / "CITATION.cff").read_text(), re.M)
+    assert (project.group(1), citation.group(1)) == (SPEC_VERSION, SPEC_VERSION)
+
+
 def test_specs_are_frozen_and_hashable_by_value():
     a = AttentionSpec(2, 3, relative=Shaw(2))
     b = AttentionSpec(2, 3, relative=Shaw(2))
