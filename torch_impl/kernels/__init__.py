@@ -7,7 +7,10 @@ error, never a silent fallback.
 - ``"eager"`` (``Eager``): the readable baseline, whole (B, H, Lq, Lk) logits;
 - ``"sdpa"`` (``SDPA``): ``F.scaled_dot_product_attention``, vanilla calls only;
 - ``"tiles"`` (``Tiles``): cache-sized tiles, causal prefix skipping, the Huang
-  skew and banded Shaw sums; its knobs are the fields of ``Tiles(...)``.
+  skew and banded Shaw sums; its knobs are the fields of ``Tiles(...)``;
+- ``"flex"`` (``Flex``): FlexAttention with every logit term in one
+  ``score_mod`` (key terms, soft cap, scheme biases, masks); compiled by
+  default, ``Flex(compiled=False)`` eager. Never chosen automatically.
 
 Each kernel says what it cannot run through one method,
 ``unsupported(spec, call) -> Optional[str]``; the automatic choice
@@ -21,13 +24,14 @@ from spec import AttentionSpec
 from .._core import Call
 from ._base import Kernel
 from .eager import Eager
+from .flex import Flex
 from .sdpa import SDPA
 from .tiles import Tile, Tiles
 
-__all__ = ["AUTO", "KERNELS", "Call", "Eager", "Kernel", "SDPA", "Tile", "Tiles", "resolve", "supported"]
+__all__ = ["AUTO", "KERNELS", "Call", "Eager", "Flex", "Kernel", "SDPA", "Tile", "Tiles", "resolve", "supported"]
 
 #: name -> kernel class, the names ``implementation=`` accepts.
-KERNELS: dict = {cls.name: cls for cls in (Eager, SDPA, Tiles)}
+KERNELS: dict = {cls.name: cls for cls in (Eager, SDPA, Tiles, Flex)}
 #: The automatic choice: the first of these (with default knobs) that supports the call.
 AUTO = ("sdpa", "tiles")
 #: Each kernel with its default knobs (frozen, so one instance serves every call).

@@ -71,6 +71,19 @@ is a scatter-add); nothing loops over positions.
   tiles kernel never builds a (B, H, Lq, Lk) bias
   (``_bias_tables.tile_positions``).
 
+Score hooks (the flex kernel: FlexAttention calls its ``score_mod`` per
+pair, with 0-d int tensors b, h, i, j; only pointwise operations compile
+there, so the hooks read small tensors and never reshape):
+
+- ``score_state(scheme, params, q, call, *, stat) -> state``, once per
+  call; q (B, H, Lq, d) as the key term sees it (s_rel folded in, SCALE-3);
+  a key term's state holds its (B, H, Lq, R) table logits
+  (``_tables.key_score_state``), a bias's the tiles' state;
+- ``score_term(state, b, h, i, j) -> 0-d`` in ``stat``: the key term of
+  the pair (s_rel included) for Shaw and Huang, the bias of the pair for
+  ALiBi, T5 and Swin; the pair's positions come from
+  ``_bias_tables.pair_positions``.
+
 A later scheme adds one module and, for a hook kind no module has used yet,
 one call site per kernel.
 """

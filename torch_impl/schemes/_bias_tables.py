@@ -1,4 +1,4 @@
-"""What the bias schemes share: positions per call and per tile, and a bias read from a table by row.
+"""What the bias schemes share: positions per call, per tile and per pair, and a bias read from a table by row.
 
 A bias scheme (ALiBi, T5, Swin; REL-3 (3)) adds to the logits a per-head
 scalar that depends on the positions only. Its eager hook reads the
@@ -34,6 +34,13 @@ def tile_positions(q_pos: torch.Tensor, k_pos: torch.Tensor, tile) -> tuple:
         return p[tile.b] if p.shape[0] > 1 else p
 
     return batches(q_pos)[:, tile.q0 : tile.q1], batches(k_pos)[:, : tile.k1]
+
+
+def pair_positions(q_pos: torch.Tensor, k_pos: torch.Tensor, b, i, j) -> tuple:
+    """The positions of one (query, key) pair inside a FlexAttention ``score_mod``: 0-d int64 q_pos[b, i]
+    and k_pos[b, j] from (1|B, Lq), (1|B, Lk) (shared positions read row 0). Every scheme's score hook
+    (key terms too) reads its pair's positions here."""
+    return q_pos[b if q_pos.shape[0] > 1 else 0, i], k_pos[b if k_pos.shape[0] > 1 else 0, j]
 
 
 def distances(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:

@@ -11,9 +11,11 @@ Shapes (AXES-1): q (B, H, Lq, d); a table (R, d) shared by heads or
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
+
+from ._bias_tables import call_positions
 
 
 def rows_logits(q: torch.Tensor, table: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -47,3 +49,18 @@ def bucket_sums(w: torch.Tensor, index: torch.Tensor, num_rows: int) -> torch.Te
 def head_rows(table: torch.Tensor, heads: slice) -> torch.Tensor:
     """REL-2: the table of a group of heads: (R, d) stays, (H, R, d) -> (H', R, d)."""
     return table[heads] if table.dim() == 3 else table
+
+
+class ScoreState(NamedTuple):
+    """What a key term's score hook reads for every pair, built once per call (``key_score_state``)."""
+
+    extent: int  # the scheme's size: Shaw's k, Huang's M
+    rows: torch.Tensor  # q @ table.T (B, H, Lq, R), s_rel folded into q, in the stat dtype
+    q_pos: torch.Tensor  # (1|B, Lq) int64
+    k_pos: torch.Tensor  # (1|B, Lk) int64
+
+
+def key_score_state(extent: int, table: torch.Tensor, q: torch.Tensor, call, stat: torch.dtype) -> ScoreState:
+    """The table logits of every query (``rows_logits``, read in the stat dtype like the eager key term, PREC-4)
+    and the call's positions, for a FlexAttention ``score_mod``."""
+    return ScoreState(extent, rows_logits(q, table).to(stat), *call_positions(call))

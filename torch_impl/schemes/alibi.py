@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._bias_tables import call_distances, call_positions, distances, tile_positions
+from ._bias_tables import call_distances, call_positions, distances, pair_positions, tile_positions
 
 
 def slopes(scheme, num_heads: int, dtype: torch.dtype, device) -> torch.Tensor:
@@ -28,10 +28,14 @@ def slopes(scheme, num_heads: int, dtype: torch.dtype, device) -> torch.Tensor:
     return torch.tensor(scheme.slopes_for(num_heads), dtype=dtype, device=device)
 
 
+def distance_form(scheme, delta: torch.Tensor) -> torch.Tensor:
+    """ALIBI-3 / ALIBI-4: -|delta| (symmetric) or delta (linear), exact in int64, of delta's shape."""
+    return -delta.abs() if scheme.symmetric else delta
+
+
 def alibi_bias(scheme, head_slopes: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
     """ALIBI-3 / ALIBI-4: (H',) slopes, delta (1|B, Lq, Lk) int64 -> (1|B, H', Lq, Lk) in the slopes' dtype."""
-    form = -delta.abs() if scheme.symmetric else delta  # exact in int64
-    return head_slopes.view(-1, 1, 1) * form.to(head_slopes.dtype).unsqueeze(1)
+    return head_slopes.view(-1, 1, 1) * distance_form(scheme, delta).to(head_slopes.dtype).unsqueeze(1)
 
 
 # ---------------------------------------------------------------- eager hook
@@ -66,3 +70,15 @@ def tile_bias(state: TileState, tile) -> torch.Tensor:
     """ALIBI-3 / ALIBI-4 for one tile: (1|b, h, T, k1) in the stat dtype."""
     delta = distances(*tile_positions(state.q_pos, state.k_pos, tile))  # (1|b, T, k1)
     return alibi_bias(state.scheme, state.slopes[tile.h], delta)
+
+
+# ---------------------------------------------------------------- score hooks (FlexAttention)
+def score_state(scheme, params: dict, q: torch.Tensor, call, *, stat: torch.dtype) -> TileState:
+    """The tiles' state: the slopes in ``stat`` and the call's positions."""
+    return tile_state(scheme, params, q, call, causal=False, rows=0, stat=stat)
+
+
+def score_term(state: TileState, b, h, i, j) -> torch.Tensor:
+    """ALIBI-3 / ALIBI-4 of one pair (0-d tensors b, h, i, j): 0-d in the stat dtype."""
+    q_pos, k_pos = pair_positions(state.q_pos, state.k_pos, b, i, j)
+    return state.slopes[h] * distance_form(state.scheme, k_pos - q_pos).to(state.slopes.dtype)

@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from spec.index import distance_row_span
 
 from .._workspace import take
-from ._tables import gather_rows, head_rows, rows_logits
+from ._bias_tables import pair_positions
+from ._tables import ScoreState, gather_rows, head_rows, key_score_state, rows_logits
 
 #: Zero columns pad the (T, W) product of the non-causal skew to a multiple of
 #: this width: they are never read, and the matmul is faster (benchmarks/).
@@ -84,6 +85,20 @@ def tile_key_term(state: TileState, tile, ws=None) -> torch.Tensor:
         return huang_skew_term(q, table, tile.q0, tile.k1, state.max_len, causal=state.causal, ws=ws)
     term = gather_rows(rows_logits(q, table), tile.cut(state.row, lead=1))
     return term.masked_fill(~tile.cut(state.valid, lead=1).unsqueeze(1), 0.0)
+
+
+# ---------------------------------------------------------------- score hooks (FlexAttention)
+def score_state(scheme, params: dict, q: torch.Tensor, call, *, stat: torch.dtype) -> ScoreState:
+    """q (B, H, Lq, d) as the key term sees it (times s_rel, SCALE-3): its table logits and the positions."""
+    return key_score_state(scheme.max_len, params["rel_k"], q, call, stat)
+
+
+def score_term(state: ScoreState, b, h, i, j) -> torch.Tensor:
+    """HUANG-2..4 of one pair (0-d tensors b, h, i, j): q_i . rel_k[delta + M - 1], 0 beyond the table,
+    s_rel included, 0-d in the stat dtype."""
+    q_pos, k_pos = pair_positions(state.q_pos, state.k_pos, b, i, j)
+    row, valid = huang_index(k_pos - q_pos, state.extent)
+    return torch.where(valid, state.rows[b, h, i, row], 0.0)
 
 
 # ---------------------------------------------------------------- the skew (default positions)

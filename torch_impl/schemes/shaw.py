@@ -27,7 +27,8 @@ from typing import NamedTuple, Optional
 import torch
 
 from .._workspace import take
-from ._tables import bucket_sums, gather_rows, head_rows, rows_logits, rows_sum
+from ._bias_tables import pair_positions
+from ._tables import ScoreState, bucket_sums, gather_rows, head_rows, key_score_state, rows_logits, rows_sum
 
 
 def shaw_index(delta: torch.Tensor, max_distance: int) -> torch.Tensor:
@@ -108,6 +109,18 @@ def tile_value_term(state: TileState, w: torch.Tensor, tile) -> torch.Tensor:
         band = None if state.value_band is None else state.value_band[tile.q0 : tile.q1]
         buckets = bucket_sums_banded(w, state.max_distance, tile.q0, state.triangles, band)
     return rows_sum(buckets, head_rows(state.rel_v, tile.h))
+
+
+# ---------------------------------------------------------------- score hooks (FlexAttention)
+def score_state(scheme, params: dict, q: torch.Tensor, call, *, stat: torch.dtype) -> ScoreState:
+    """q (B, H, Lq, d) as the key term sees it (times s_rel, SCALE-3): its table logits and the positions."""
+    return key_score_state(scheme.max_distance, params["rel_k"], q, call, stat)
+
+
+def score_term(state: ScoreState, b, h, i, j) -> torch.Tensor:
+    """SHAW-3 of one pair (0-d tensors b, h, i, j): q_i . rel_k[idx], s_rel included, 0-d in the stat dtype."""
+    q_pos, k_pos = pair_positions(state.q_pos, state.k_pos, b, i, j)
+    return state.rows[b, h, i, shaw_index(k_pos - q_pos, state.extent)]
 
 
 # ---------------------------------------------------------------- banded algorithms (default positions)

@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._bias_tables import call_positions, table_bias, tile_positions
+from ._bias_tables import call_positions, pair_positions, table_bias, tile_positions
 
 
 def coordinates(scheme, positions: torch.Tensor) -> tuple:
@@ -36,16 +36,21 @@ def coordinates(scheme, positions: torch.Tensor) -> tuple:
 
 def pair_rows(scheme, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
     """SWIN-3, SWIN-4: the table row of every pair, (1|B, Lq, Lk) int64 from (1|B, Lq), (1|B, Lk) positions."""
+    return rows_of(scheme, q_pos.unsqueeze(2), k_pos.unsqueeze(1))
+
+
+def rows_of(scheme, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """SWIN-3, SWIN-4: the table row of query and key positions that broadcast against each other, int64
+    of their broadcast shape; pointwise operations only (a FlexAttention ``score_mod`` reads one pair)."""
     (Wh, Ww), P = scheme.window, scheme.prefix_tokens
     qh, qw = coordinates(scheme, q_pos)
     kh, kw = coordinates(scheme, k_pos)
-    dh = (kh.unsqueeze(1) - qh.unsqueeze(2)).clamp_(1 - Wh, Wh - 1)  # (1|B, Lq, Lk)
-    dw = (kw.unsqueeze(1) - qw.unsqueeze(2)).clamp_(1 - Ww, Ww - 1)
+    dh = (kh - qh).clamp(1 - Wh, Wh - 1)
+    dw = (kw - qw).clamp(1 - Ww, Ww - 1)
     row = (dh + (Wh - 1)) * (2 * Ww - 1) + (dw + (Ww - 1))
     if not P:
         return row
-    q_prefix = (q_pos < P).unsqueeze(2)  # (1|B, Lq, 1)
-    k_prefix = (k_pos < P).unsqueeze(1)  # (1|B, 1, Lk)
+    q_prefix, k_prefix = q_pos < P, k_pos < P
     base = scheme.offset_rows
     prefix_row = base + 2 * (q_prefix & k_prefix) + (~q_prefix & k_prefix)  # +0 query, +1 key, +2 both
     return torch.where(q_prefix | k_prefix, prefix_row, row)
@@ -94,3 +99,15 @@ def tile_bias(state: TileState, tile) -> torch.Tensor:
     return table_bias(
         state.rel_b[tile.h], pair_rows(state.scheme, *tile_positions(state.q_pos, state.k_pos, tile)), state.stat
     )
+
+
+# ---------------------------------------------------------------- score hooks (FlexAttention)
+def score_state(scheme, params: dict, q: torch.Tensor, call, *, stat: torch.dtype) -> TileState:
+    """The tiles' state: the table in ``stat`` and the call's positions."""
+    return tile_state(scheme, params, q, call, causal=False, rows=0, stat=stat)
+
+
+def score_term(state: TileState, b, h, i, j) -> torch.Tensor:
+    """SWIN-1 of one pair (0-d tensors b, h, i, j): rel_b[h, row(q_pos_i, k_pos_j)], 0-d in the stat dtype."""
+    q_pos, k_pos = pair_positions(state.q_pos, state.k_pos, b, i, j)
+    return state.rel_b[h, rows_of(state.scheme, q_pos, k_pos)]

@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._bias_tables import call_distances, call_positions, distances, table_bias, tile_positions
+from ._bias_tables import call_distances, call_positions, distances, pair_positions, table_bias, tile_positions
 
 
 def thresholds(scheme, device) -> torch.Tensor:
@@ -30,14 +30,20 @@ def thresholds(scheme, device) -> torch.Tensor:
     return torch.tensor(scheme.thresholds(), dtype=torch.int64, device=device)
 
 
-def buckets(scheme, delta: torch.Tensor, limits: torch.Tensor) -> torch.Tensor:
-    """T5-2, T5-3: the bucket of every distance, int64 of delta's shape; ``limits`` = ``thresholds(scheme)``."""
+def buckets(scheme, delta: torch.Tensor, limits) -> torch.Tensor:
+    """T5-2, T5-3: the bucket of every distance, int64 of delta's shape; ``limits`` = ``thresholds(scheme)``
+    (``torch.bucketize``), or ``scheme.thresholds()`` as a tuple of ints for one comparison per threshold:
+    pointwise operations only, as in a FlexAttention ``score_mod``, which compiles to one fused loop with no
+    buffer of its own."""
     S, e = scheme.side_buckets, scheme.max_exact
     if scheme.bidirectional:
         base, n = (delta > 0) * S, delta.abs()  # keys after the query: the upper half
     else:
         base, n = 0, (-delta).clamp_min(0)  # keys after the query: bucket 0
-    far = torch.bucketize(n, limits, right=True).add_(e)  # e + #{t <= n}
+    if isinstance(limits, tuple):
+        far = e + sum((n >= t).long() for t in limits)  # e + #{t <= n}
+    else:
+        far = torch.bucketize(n, limits, right=True).add_(e)
     return torch.where(n < e, n, far) + base
 
 
@@ -59,7 +65,7 @@ class TileState(NamedTuple):
 
     scheme: object
     rel_b: torch.Tensor  # (H, N), widened to the stat dtype once: the tiles' gradients sum there
-    limits: torch.Tensor  # T5-3 thresholds, int64
+    limits: object  # T5-3 thresholds: int64 (tiles), a tuple of ints (score hooks)
     q_pos: torch.Tensor  # (1|B, Lq) int64
     k_pos: torch.Tensor  # (1|B, Lk) int64
     stat: torch.dtype  # PREC-4
@@ -75,3 +81,16 @@ def tile_bias(state: TileState, tile) -> torch.Tensor:
     """T5-1 for one tile: (1|b, h, T, k1) in the stat dtype."""
     delta = distances(*tile_positions(state.q_pos, state.k_pos, tile))  # (1|b, T, k1)
     return table_bias(state.rel_b[tile.h], buckets(state.scheme, delta, state.limits), state.stat)
+
+
+# ---------------------------------------------------------------- score hooks (FlexAttention)
+def score_state(scheme, params: dict, q: torch.Tensor, call, *, stat: torch.dtype) -> TileState:
+    """The tiles' state with the thresholds as Python ints (compared one by one inside the score_mod)."""
+    state = tile_state(scheme, params, q, call, causal=False, rows=0, stat=stat)
+    return state._replace(limits=tuple(scheme.thresholds()))
+
+
+def score_term(state: TileState, b, h, i, j) -> torch.Tensor:
+    """T5-1 of one pair (0-d tensors b, h, i, j): rel_b[h, bucket(delta)], 0-d in the stat dtype."""
+    q_pos, k_pos = pair_positions(state.q_pos, state.k_pos, b, i, j)
+    return state.rel_b[h, buckets(state.scheme, k_pos - q_pos, state.limits)]
