@@ -236,9 +236,12 @@ def generate(directory: pathlib.Path = GOLDEN_DIR, cases=CASES, progress=None) -
     return manifest
 
 
-def golden_change(fresh: np.ndarray, stored: np.ndarray) -> tuple[str, float, float]:
-    """PREC-5: ("same" | "noise" | "drift", change, bound) of a recomputed float64 golden."""
-    bound = VERIFY_ULPS * float(np.finfo(np.float64).eps) * max(1.0, float(np.max(np.abs(fresh), initial=0.0)))
+def golden_change(fresh: np.ndarray, stored: np.ndarray, scale: float = 0.0) -> tuple[str, float, float]:
+    """PREC-5: ("same" | "noise" | "drift", change, bound) of a recomputed float64 golden; the bound is
+    VERIFY_ULPS ulps of the largest of 1, max|fresh| and ``scale`` (a bias gradient's: its weight gradient's,
+    ``tolerance.floor_scale``)."""
+    largest = max(1.0, float(np.max(np.abs(fresh), initial=0.0)), scale)
+    bound = VERIFY_ULPS * float(np.finfo(np.float64).eps) * largest
     same_nan = np.array_equal(np.isnan(fresh), np.isnan(stored))
     change = float(np.max(np.abs(np.where(np.isnan(fresh), 0.0, fresh - stored)), initial=0.0))
     if same_nan and change == 0.0:
@@ -308,7 +311,9 @@ def verify(directory: pathlib.Path = GOLDEN_DIR, cases=CASES, progress=None, noi
             if a.shape != b.shape or a.dtype != b.dtype:
                 problems.append(f"{case.id}: {name} changed shape or dtype")
             elif "/golden/" in name:
-                kind, change, bound = golden_change(a, b)
+                dtype, output = name.split("/golden/")
+                goldens = {n.split("/golden/")[1]: t for n, t in tensors.items() if n.startswith(f"{dtype}/golden/")}
+                kind, change, bound = golden_change(a, b, tolerance.floor_scale(output, goldens))
                 if kind != "same":
                     (problems if kind == "drift" else noise).append(
                         f"{case.id}: {name} moved by {change:.3g} ({'>' if kind == 'drift' else '<='} {bound:.3g})"

@@ -128,6 +128,9 @@ def test_verify_tells_machine_noise_from_drift():
     assert generate.golden_change(stored + np.array([0.0, 3 * ulp, 0.0]), stored)[0] == "noise"
     assert generate.golden_change(stored + np.array([0.0, 0.0, 1e-9]), stored)[0] == "drift"
     assert generate.golden_change(np.array([1.0, np.nan, 0.5]), stored)[0] == "drift"
+    # a bias gradient that cancels to nearly 0 moves within ulps of its weight gradient (PREC-5, PREC-2)
+    assert generate.golden_change(stored + np.array([0.0, 0.0, 1e-14]), stored)[0] == "drift"
+    assert generate.golden_change(stored + np.array([0.0, 0.0, 1e-14]), stored, scale=100.0)[0] == "noise"
     assert generate.budget_change(1e-6, 1e-6) == "same"
     assert generate.budget_change(1e-6, 2e-6) == "noise"  # measured between two x86-64 machines
     assert generate.budget_change(1e-6, 3.9e-6) == "noise" and generate.budget_change(1e-6, 0.26e-6) == "noise"
