@@ -497,6 +497,14 @@ class CaseRun:
     def run_gradients(self):
         # gradients of clean inputs: GRAD-1..3 and the exact zeros of fully masked rows (MASK-5)
         rules = ("GRAD-1",) + tuple(r for r in self.case.all_rules if r.startswith(("GRAD-2", "GRAD-3", "MASK-5")))
+        if self.device in self.caps.no_gradients:  # the rest of the cell runs; this part is a visible skip
+            self.add(
+                "gradients",
+                "skip",
+                rules,
+                message=f"no gradients on {self.device}: {self.caps.no_gradients[self.device]}",
+            )
+            return
         try:
             grads = self.adapter.vjp(
                 self.case.spec, self.params, with_explicit_kv(self.inputs), self.grad_out, device=self.device

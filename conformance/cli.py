@@ -169,6 +169,7 @@ def cmd_list(args) -> int:
             print(
                 f"  {name:34s} available: {', '.join(caps.devices)}; {', '.join(runs)}"
                 f"{'' if caps.gradients else '; no gradients'}"
+                f"{''.join(f'; no gradients on {dev}' for dev in caps.no_gradients if dev in caps.devices)}"
                 f"{'; not ' + ', '.join(cannot) if cannot else ''}"
             )
         else:

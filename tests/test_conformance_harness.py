@@ -453,6 +453,35 @@ def test_an_adapter_that_runs_as_another_reports_that_cell_under_its_own_name():
     assert any(r.check == "out" and r.status == "fail" for r in alone)
 
 
+class NoCpuBackward(NumpyRefAdapter):
+    """The reference, declaring what a framework without a CPU backward declares; its vjp must not be called."""
+
+    name = "no-cpu-backward"
+
+    def capabilities(self):
+        return replace(super().capabilities(), no_gradients={"cpu": "no backward here"})
+
+    def vjp(self, *args, **kwargs):
+        raise AssertionError("vjp called on a device without gradients")
+
+
+def test_a_device_without_gradients_skips_the_gradient_checks_and_runs_the_rest():
+    """Capabilities.no_gradients: on that device one visible skip stands for the gradient checks, with the
+    reason; the forward checks of the cell still run and pass."""
+    case = catalog.BY_ID["mask/rank2-QK"]
+    results = runner._run_cells(
+        runner.Plan([NoCpuBackward()], cases=[case], dtypes=["float64"]), store.GOLDEN_DIR, None
+    )
+    by_check = {r.check: r for r in results}
+    assert by_check["gradients"].status == "skip"
+    assert by_check["gradients"].message == "no gradients on cpu: no backward here"
+    assert "GRAD-1" in by_check["gradients"].rules
+    assert not [r for r in results if r.check.startswith("grad/")]
+    assert by_check["out"].status == "pass" and by_check["weights"].status == "pass"
+    full = runner._run_cells(runner.Plan([NumpyRefAdapter()], cases=[case], dtypes=["float64"]), store.GOLDEN_DIR, None)
+    assert [r for r in full if r.check.startswith("grad/")]  # the same cell with gradients has them
+
+
 def test_run_leaves_the_extended_adapters_out_and_says_so(monkeypatch, capsys):
     """``python -m conformance run`` without --adapter: every adapter but EXTENDED's, each named with its
     reason; ``--all`` (or the name) brings one back."""

@@ -22,10 +22,15 @@ conformance run``, and so does the quick start's first command (all but
 - the 16-bit cells of the JAX peers ``jax-nn`` and ``flax-mha`` (their
   float64 and float32 cells run here; XLA:CPU compiles a 16-bit program
   about 1.75 times as long, 2.3-3.6 s a cell);
-- the outside RoPE adapters (``hf-*``, ``rotary-embedding-torch``,
-  ``torchtune-rope``, ``xt-rope``, ``keras-hub-rope``, ``gemma-rope``):
-  their own test files here check each library against the reference, and
-  ``.ci/run`` runs their cells.
+- ``torch:flex``, FlexAttention called eagerly on the CPU (forward only
+  there): tests/test_torch_kernels.py checks the kernel against the
+  reference in float64, float32 and bfloat16 and runs the adapter on cells
+  of its own;
+- the outside RoPE and position-bias adapters (``hf-*``,
+  ``rotary-embedding-torch``, ``torchtune-rope``, ``xt-*``,
+  ``keras-hub-*``, ``gemma-rope``, ``bloom-alibi``, ``mpt-alibi``,
+  ``falcon-alibi``): their own test files here check each library against
+  the reference, and ``.ci/run`` runs their cells.
 """
 
 import pytest
@@ -46,8 +51,10 @@ CLI_ONLY = {
     "jax:tiles": ("bfloat16", "float16"),
     "jax-nn": ("bfloat16", "float16"),
     "flax-mha": ("bfloat16", "float16"),
-    # the outside RoPE adapters: each library's own tests here (tests/test_*rope*.py) check it against the
-    # reference; its cells run in `python -m conformance run` (keras-hub and Gemma are installed by .ci/run alone)
+    "torch:flex": ALL,
+    # the outside RoPE and bias adapters: each library's own tests here (tests/test_*rope*.py,
+    # tests/test_*bias_libs.py) check it against the reference; its cells run in `python -m conformance run`
+    # (keras-hub and Gemma are installed by .ci/run alone)
     **dict.fromkeys(
         [
             "hf-llama-rope",

@@ -496,6 +496,27 @@ def test_the_flex_kernel_checks_its_field():
         Flex(compiled=1)
 
 
+def test_the_flex_adapter_checks_the_forward_and_skips_the_cpu_gradients_with_the_reason():
+    """torch:flex in the harness: eager FlexAttention on the CPU passes every forward check of a cell (here
+    ALiBi with a causal rule, T5 with a mask and positions) and its gradients are one skip naming PyTorch's
+    missing CPU backward; Shaw's value term is a skip of the whole cell (KERN-1)."""
+    from conformance import catalog, runner, store
+    from conformance.adapters import load_adapter
+    from conformance.adapters.torch_impl_adapter import FLEX_NO_CPU_GRADIENTS
+
+    adapter = load_adapter("torch:flex")
+    assert adapter.kernel("cpu") == Flex(compiled=False) and adapter.kernel("cuda") == Flex(compiled=True)
+    cases = [catalog.BY_ID[c] for c in ("alibi/self/h1-causal", "t5/cross/encoder-padding", "shaw/k2/self/basic")]
+    results = runner._run_cells(runner.Plan([adapter], cases=cases, dtypes=["float32"]), store.GOLDEN_DIR, None)
+    for case in cases[:2]:
+        checks = {r.check: r for r in results if r.case == case.id}
+        assert checks["out"].status == "pass" and not [r for r in checks.values() if r.failed], case.id
+        assert checks["gradients"].status == "skip"
+        assert checks["gradients"].message == f"no gradients on cpu: {FLEX_NO_CPU_GRADIENTS}"
+    (shaw,) = [r for r in results if r.case == cases[2].id]
+    assert shaw.status == "skip" and "the flex kernel takes no value term" in shaw.message
+
+
 class Refusing(Tiles):
     """A kernel object whose support is narrower than its class's."""
 

@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed; pip install attnspec[torch]")
 
 import numpy_ref  # noqa: E402
-from conformance.adapters import BUILTIN, _rope_glue, load_adapter, torch_rope_libs  # noqa: E402
+from conformance.adapters import BUILTIN, _glue, load_adapter, torch_rope_libs  # noqa: E402
 from spec import AttentionSpec, Rope  # noqa: E402
 
 F32 = 2.0**-24  # float32's unit roundoff
@@ -186,12 +186,12 @@ def test_the_glue_zeroes_dead_keys():
     key = np.arange(2 * 4 * 8, dtype=np.float64).reshape(2, 4, 8) + 1
     mask = np.array([True, True, False, True])[None, None, None, :]  # key 2 masked for every query
     inputs = {"query": np.ones((2, 3, 8)), "key": key, "value": -key, "mask": mask, "q_positions": np.arange(3)}
-    out = _rope_glue.without_dead_keys(spec, inputs, _rope_glue.allowed_keys(spec, inputs))
+    out = _glue.without_dead_keys(spec, inputs, _glue.allowed_keys(spec, inputs))
     dead = np.array([False, False, True, True])  # key 3 is after every query (CAUSAL-1), key 2 masked
     assert (out["key"][:, dead] == 0).all() and (out["value"][:, dead] == 0).all()
     assert (out["key"][:, ~dead] == key[:, ~dead]).all() and (out["value"][:, ~dead] == -key[:, ~dead]).all()
     alone = {"query": inputs["query"]}
-    assert _rope_glue.without_dead_keys(spec, alone, _rope_glue.allowed_keys(spec, alone)) == alone
+    assert _glue.without_dead_keys(spec, alone, _glue.allowed_keys(spec, alone)) == alone
 
 
 # ------------------------------------------------------------------- frequencies against the spec

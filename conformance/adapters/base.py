@@ -98,6 +98,9 @@ class Capabilities:
     features: frozenset = FEATURES
     weights: bool = True  # returns attention weights (SOFTMAX-2)
     gradients: bool = True  # implements vjp (GRAD-1)
+    # device -> why the gradients cannot be computed there (the cell's gradient checks skip with that reason,
+    # the rest of the cell runs): a framework whose backward is missing on one device only
+    no_gradients: dict = field(default_factory=dict)
     notes: dict = field(default_factory=dict)  # feature -> why it is missing, for skip messages
     unsupported: dict = field(default_factory=dict)  # (device, dtype) -> why that pair cannot run
     # features a case must use for this adapter to run it: an adapter of an outside RoPE (around a

@@ -8,7 +8,7 @@ certified.
 
 - ``hf-llama-rope``: ``LlamaRotaryEmbedding`` and Llama's
   ``apply_rotary_pos_emb`` as the q/k transform of the RoPE glue
-  (``_rope_glue``). Half layout. r < d goes in as the config's
+  (``_glue``). Half layout. r < d goes in as the config's
   ``partial_rotary_factor = r / d``, as a user writes it; explicit
   frequencies overwrite the module's float32 ``inv_freq`` buffer (how a user
   loads scaled frequencies); the attention factor is the module's
@@ -52,7 +52,7 @@ import importlib
 
 import numpy as np
 
-from . import _rope_glue, _torch
+from . import _glue, _torch
 from .base import Capabilities
 
 #: The release these adapters were certified against (the pin of the extra).
@@ -184,7 +184,7 @@ class _GlueAdapter(_torch.TorchAdapter):
         return transformers_unavailable()
 
     def capabilities(self):
-        f = set(_rope_glue.GLUE_FEATURES) | {"rope", "rope-partial"}
+        f = set(_glue.GLUE_FEATURES) | {"rope", "rope-partial"}
         if "interleaved" in self.layouts:
             f.add("rope-interleaved")
         if self.attention_factor:
@@ -194,7 +194,7 @@ class _GlueAdapter(_torch.TorchAdapter):
             "huang": "a RoPE library: no relative tables",
             **self.notes,
         }
-        return Capabilities(devices=_torch.devices(), features=frozenset(f), notes=notes, requires=_rope_glue.ROPE_ONLY)
+        return Capabilities(devices=_torch.devices(), features=frozenset(f), notes=notes, requires=_glue.ROPE_ONLY)
 
     def environment(self):
         import transformers
@@ -219,11 +219,11 @@ class _GlueAdapter(_torch.TorchAdapter):
 
         rotate = self._rotate(spec, inputs["query"].dtype.name, device)
         with torch.no_grad():
-            return _rope_glue.torch_run(spec, params, inputs, device, rotate, need_weights=need_weights)
+            return _glue.torch_run(spec, params, inputs, device, rotate, need_weights=need_weights)
 
     def vjp(self, spec, params, inputs, grad_out, *, device):
         rotate = self._rotate(spec, inputs["query"].dtype.name, device)
-        return _rope_glue.torch_run(spec, params, inputs, device, rotate, need_weights=False, grad_out=grad_out)
+        return _glue.torch_run(spec, params, inputs, device, rotate, need_weights=False, grad_out=grad_out)
 
 
 class _RotateHalfAdapter(_GlueAdapter):
@@ -291,7 +291,7 @@ class HFGPTJRopeAdapter(_GlueAdapter):
         emb = self._cache[key]
         half = rope.layout == "half"
         if half:  # ROPE-8: into the interleaved layout GPT-J has, and back after the rotation
-            to_interleaved, to_half = (torch.from_numpy(o).to(x.device) for o in _rope_glue.interleaved_orders(rope, d))
+            to_interleaved, to_half = (torch.from_numpy(o).to(x.device) for o in _glue.interleaved_orders(rope, d))
             x = x[..., to_interleaved]
         y = x.transpose(1, 2)  # (B, L, heads, d), GPT-J's layout before its transpose
         sin, cos = emb(y, _torch.to_torch(positions, x.device))  # (1|B, L, r/2) each

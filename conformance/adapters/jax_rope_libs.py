@@ -1,7 +1,7 @@
 """Two JAX rotations certified through the RoPE glue: keras-hub's ``RotaryEmbedding`` and Gemma's ``apply_rope``.
 
 Each adapter turns a case's ``Rope`` into the library's own arguments when
-the library can express it exactly, and hands ``_rope_glue.jax_run`` a
+the library can express it exactly, and hands ``_glue.jax_run`` a
 ``rotate(x, positions)`` that calls the library (ROPE-1..ROPE-9); the glue
 does the rest of the attention from the spec, so a deviation these adapters
 report is the library's rotation's. Axis legend (AXES-1): B, H, Lq, Lk, d;
@@ -58,7 +58,7 @@ from typing import Optional
 
 from spec import Rope
 
-from . import _jax, _rope_glue
+from . import _glue, _jax
 from .base import Capabilities
 
 #: how close (relative) a library argument's frequencies must come to the case's, in float64, to count
@@ -283,8 +283,8 @@ class _RopeLibAdapter(_jax.JaxAdapter):
         self.environment()
         return Capabilities(
             devices=_jax.devices(),
-            features=_rope_glue.GLUE_FEATURES | self.rope_features,
-            requires=_rope_glue.ROPE_ONLY,
+            features=_glue.GLUE_FEATURES | self.rope_features,
+            requires=_glue.ROPE_ONLY,
             notes={**GLUE_NOTES, **self.missing_notes},
         )
 
@@ -300,11 +300,11 @@ class _RopeLibAdapter(_jax.JaxAdapter):
         return self.rotation(spec, arguments, extra)
 
     def forward(self, spec, params, inputs, *, device, need_weights):
-        return _rope_glue.jax_run(spec, params, inputs, device, self._rotate(spec), need_weights=need_weights)
+        return _glue.jax_run(spec, params, inputs, device, self._rotate(spec), need_weights=need_weights)
 
     def vjp(self, spec, params, inputs, grad_out, *, device):
         rotate = self._rotate(spec)
-        return _rope_glue.jax_run(spec, params, inputs, device, rotate, need_weights=False, grad_out=grad_out)
+        return _glue.jax_run(spec, params, inputs, device, rotate, need_weights=False, grad_out=grad_out)
 
 
 class KerasHubRopeAdapter(_RopeLibAdapter):

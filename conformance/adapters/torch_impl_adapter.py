@@ -2,7 +2,7 @@
 
 One adapter per kernel (KERN-1), so that each is certified on its own:
 ``torch`` lets ``torch_impl.attention`` choose (``implementation=None``),
-``torch:eager`` / ``torch:sdpa`` / ``torch:tiles`` pin one kernel.
+``torch:eager`` / ``torch:sdpa`` / ``torch:tiles`` / ``torch:flex`` pin one kernel.
 """
 
 from __future__ import annotations
@@ -41,9 +41,13 @@ class TorchImplAdapter(_torch.TorchAdapter):
             t.get("value"),
             **kw,
             return_weights=need_weights,
-            implementation=self.implementation,
+            implementation=self.kernel(device),
         )
         return t, result
+
+    def kernel(self, device):
+        """The ``implementation`` argument of this adapter's calls on ``device``."""
+        return self.implementation
 
     def forward(self, spec, params, inputs, *, device, need_weights):
         import torch
@@ -102,3 +106,39 @@ class TorchSDPAKernelAdapter(TorchImplAdapter):
         return Capabilities(
             devices=_torch.devices(), features=FEATURES - set(SDPA_MISSING), weights=False, notes=dict(SDPA_MISSING)
         )
+
+
+#: What the flex kernel cannot be asked for (KERN-1): the weights never leave FlexAttention.
+FLEX_MISSING = {
+    "shaw-values": "the flex kernel takes no value term: the weights never leave FlexAttention",
+    "dropout-keep": "the flex kernel takes no dropout_keep mask (DROP-1)",
+}
+#: PyTorch's FlexAttention has a backward on CUDA only (torch 2.13).
+FLEX_NO_CPU_GRADIENTS = (
+    "PyTorch's FlexAttention has no backward on the CPU (torch 2.13 raises NotImplementedError: "
+    "FlexAttention does not support backward on CPU); its CUDA cells check the gradients"
+)
+
+
+class TorchFlexAdapter(TorchImplAdapter):
+    name = "torch:flex"
+    description = (
+        "torch_impl with implementation='flex': FlexAttention with every per-pair logit term in one score_mod; "
+        "called eagerly on the CPU (forward only there), compiled on CUDA"
+    )
+
+    def capabilities(self):
+        return Capabilities(
+            devices=_torch.devices(),
+            features=FEATURES - set(FLEX_MISSING),
+            weights=False,
+            notes=dict(FLEX_MISSING),
+            no_gradients={"cpu": FLEX_NO_CPU_GRADIENTS},
+        )
+
+    def kernel(self, device):
+        """Eager on the CPU: one compilation per case, dtype and call shape would cost about 1 s each, and the
+        compiled CPU kernel is checked against the eager one by tests/test_torch_kernels.py."""
+        from torch_impl.kernels import Flex
+
+        return Flex(compiled=device != "cpu")

@@ -36,7 +36,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from . import _rope_glue, _torch
+from . import _glue, _torch
 from .base import Capabilities
 
 #: Why a case that is not RoPE is not run (the glue certifies a rotation, nothing else).
@@ -80,9 +80,9 @@ class _RopeLibraryAdapter(_torch.TorchAdapter):
     def capabilities(self):
         return Capabilities(
             devices=_torch.devices(),
-            features=_rope_glue.GLUE_FEATURES | self.rope_features,
+            features=_glue.GLUE_FEATURES | self.rope_features,
             notes={**NOT_ROPE_NOTES, **self.rope_notes},
-            requires=_rope_glue.ROPE_ONLY,
+            requires=_glue.ROPE_ONLY,
         )
 
     def environment(self):
@@ -103,13 +103,13 @@ class _RopeLibraryAdapter(_torch.TorchAdapter):
             return rotate
         import torch
 
-        to_interleaved, to_half = (torch.from_numpy(p).to(device) for p in _rope_glue.interleaved_orders(rope, d))
+        to_interleaved, to_half = (torch.from_numpy(p).to(device) for p in _glue.interleaved_orders(rope, d))
         return lambda x, positions: rotate(x[..., to_interleaved], positions)[..., to_half]
 
     def _run(self, spec, params, inputs, device, need_weights, grad_out=None):
         dtype = _torch.dtype_of(np.asarray(inputs["query"]))
         rotate = self.rotation(spec, dtype, device)
-        return _rope_glue.torch_run(spec, params, inputs, device, rotate, need_weights=need_weights, grad_out=grad_out)
+        return _glue.torch_run(spec, params, inputs, device, rotate, need_weights=need_weights, grad_out=grad_out)
 
     def forward(self, spec, params, inputs, *, device, need_weights):
         import torch

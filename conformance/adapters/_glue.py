@@ -1,21 +1,27 @@
-"""The attention around an outside RoPE: canonical projections, the library's rotation, a plain core.
+"""The attention around an outside position term: canonical projections, the library's term, a plain core.
 
 An outside RoPE (Hugging Face's ``apply_rotary_pos_emb``, torchtune's
 ``RotaryPositionalEmbeddings``, keras-hub's ``RotaryEmbedding``, ...) is only
-the q/k transform of REL-3 (1). Its adapter hands this module a
-``rotate(x, positions)`` built from the library, and this module does the
-rest in plain framework operations written from the spec: the projections
-(PROJ-1), the head split (HEAD-1, HEAD-3), the scaled logits (SCALE-2), the
-bias (BIAS-1), the allowed keys from the mask, causality and the positions
+the q/k transform of REL-3 (1); an outside position bias (x-transformers'
+``AlibiPositionalBias``, T5's ``compute_bias``, BLOOM's
+``build_alibi_tensor``, ...) is only the scheme term of REL-3 (3). Its
+adapter hands this module a ``rotate(x, positions)`` or a
+``position_bias(t, q_positions, k_positions)`` built from the library, and
+this module does the rest in plain framework operations written from the
+spec: the projections (PROJ-1), the head split (HEAD-1, HEAD-3), the scaled
+logits (SCALE-2), the position bias unscaled (SCALE-4) and the bias input
+(BIAS-1), the allowed keys from the mask, causality and the positions
 (MASK-4, CAUSAL-1, POS-2), a softmax with exact zeros (MASK-5), dead keys'
 rows zeroed before the projections (MASK-7), the keep mask (DROP-1), the
-values and the output projection (OUT-1). So a
-deviation such an adapter reports is the library's rotation's, nothing
-else's.
+values and the output projection (OUT-1). So a deviation such an adapter
+reports is the library's rotation's or bias's, nothing else's.
 
 ``rotate(x, positions) -> x'``: x (B, heads, L, d) in the input dtype,
 positions an int64 array (1|B, L) (POS-1); the rotated q or k of the same
-shape. Axis legend (AXES-1): B, H, Lq, Lk, D, d; Hkv key/value heads.
+shape. ``position_bias(t, q_positions, k_positions) -> (1|B, H, Lq, Lk)``:
+``t`` the call's tensors (a table ``t["rel_b"]`` among them, recording
+gradients when they are asked for), the positions as for ``rotate``.
+Axis legend (AXES-1): B, H, Lq, Lk, D, d; Hkv key/value heads.
 """
 
 from __future__ import annotations
@@ -85,9 +91,10 @@ def without_dead_keys(spec, inputs: dict, allowed: np.ndarray) -> dict:
 
 
 # ---------------------------------------------------------------------- torch
-def torch_forward(spec, t: dict, inputs: dict, allowed, rotate, *, need_weights: bool):
+def torch_forward(spec, t: dict, inputs: dict, allowed, rotate=None, *, need_weights: bool, position_bias=None):
     """out (B, Lq, D) [and weights (B, H, Lq, Lk)] from the tensors ``t`` (params and query/key/value) and the
-    allowed keys (``allowed_keys``, a bool tensor)."""
+    allowed keys (``allowed_keys``, a bool tensor); ``rotate`` and ``position_bias`` as in the module's text
+    (None: no such term)."""
     import torch
 
     from . import _torch
@@ -105,11 +112,14 @@ def torch_forward(spec, t: dict, inputs: dict, allowed, rotate, *, need_weights:
         return y.view(B, a.shape[1], heads, -1).transpose(1, 2)
 
     qp, kp = positions(inputs, "q_positions", Lq), positions(inputs, "k_positions", Lk)
-    q = rotate(proj(x, "wq", "bq", H), qp)  # REL-3 (1)
-    k = rotate(proj(key, "wk", "bk", Hkv), kp)
+    q, k = proj(x, "wq", "bq", H), proj(key, "wk", "bk", Hkv)
+    if rotate is not None:  # REL-3 (1)
+        q, k = rotate(q, qp), rotate(k, kp)
     v = proj(value, "wv", "bv", Hkv)
     k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)  # HEAD-3: contiguous groups
     logits = spec.effective_scale * (q @ k.transpose(-1, -2))  # SCALE-2
+    if position_bias is not None:  # REL-3 (3), SCALE-4: unscaled, in the library's dtype
+        logits = logits + position_bias(t, qp, kp)
     if "bias" in t:  # BIAS-1 (its -inf entries are in ``allowed``, BIAS-2)
         logits = logits + t["bias"]
     stat = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype  # PREC-4
@@ -128,7 +138,9 @@ def torch_forward(spec, t: dict, inputs: dict, allowed, rotate, *, need_weights:
     return (out, w.to(x.dtype)) if need_weights else (out, None)
 
 
-def torch_run(spec, params: dict, inputs: dict, device: str, rotate, *, need_weights: bool, grad_out=None):
+def torch_run(
+    spec, params: dict, inputs: dict, device: str, rotate=None, *, need_weights: bool, grad_out=None, position_bias=None
+):
     """forward, or with ``grad_out`` the gradients of <out, grad_out> by autograd (GRAD-1)."""
     import torch
 
@@ -140,7 +152,9 @@ def torch_run(spec, params: dict, inputs: dict, device: str, rotate, *, need_wei
     inputs = without_dead_keys(spec, inputs, allowed)
     t = {n: _torch.to_torch(a, device, requires_grad=wanted) for n, a in {**params, **inputs}.items() if n not in skip}
     allowed = _torch.to_torch(allowed, device)
-    out, weights = torch_forward(spec, t, inputs, allowed, rotate, need_weights=need_weights and not wanted)
+    out, weights = torch_forward(
+        spec, t, inputs, allowed, rotate, need_weights=need_weights and not wanted, position_bias=position_bias
+    )
     if not wanted:
         res = {"out": _torch.to_numpy(out)}
         if need_weights:
