@@ -36,6 +36,12 @@ BUILTIN = {
     "rotary-embedding-torch": "conformance.adapters.torch_rope_libs:RotaryEmbeddingTorchAdapter",
     "torchtune-rope": "conformance.adapters.torch_rope_libs:TorchtuneRopeAdapter",
     "xt-rope": "conformance.adapters.torch_rope_libs:XTransformersRopeAdapter",
+    "xt-alibi": "conformance.adapters.torch_bias_libs:XTAlibiAdapter",
+    "xt-t5": "conformance.adapters.torch_bias_libs:XTT5Adapter",
+    "hf-t5-bias": "conformance.adapters.torch_bias_libs:HFT5BiasAdapter",
+    "bloom-alibi": "conformance.adapters.torch_bias_libs:BloomAlibiAdapter",
+    "mpt-alibi": "conformance.adapters.torch_bias_libs:MPTAlibiAdapter",
+    "falcon-alibi": "conformance.adapters.torch_bias_libs:FalconAlibiAdapter",
     "keras-hub-rope": "conformance.adapters.jax_rope_libs:KerasHubRopeAdapter",
     "gemma-rope": "conformance.adapters.jax_rope_libs:GemmaRopeAdapter",
 }
