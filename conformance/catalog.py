@@ -987,6 +987,17 @@ def _cases() -> list[Case]:
             self_attention=True,
         )
     )
+    # T5's encoder as T5 runs it: bidirectional self-attention, scale 1, no projection biases, a padding mask
+    add(
+        Case(
+            "t5/self/encoder-scale1-no-bias-padding",
+            T5 + ("SCALE-1", "MASK-1", "MASK-7"),
+            AttentionSpec(num_heads=2, head_dim=3, bias=False, scale=1.0, relative=T5Bias(8, 6)),
+            Dims(2, 9, 9),
+            self_attention=True,
+            recipes=(Mask("B11K", dead_keys=1),),
+        )
+    )
     add(
         Case(
             "t5/cross/encoder-padding",

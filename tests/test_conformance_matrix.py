@@ -72,6 +72,8 @@ CLI_ONLY = {
             "bloom-alibi",
             "mpt-alibi",
             "falcon-alibi",
+            "hf-swin-attention",
+            "hf-t5-attention",
         ],
         ALL,
     ),

@@ -42,6 +42,8 @@ BUILTIN = {
     "bloom-alibi": "conformance.adapters.torch_bias_libs:BloomAlibiAdapter",
     "mpt-alibi": "conformance.adapters.torch_bias_libs:MPTAlibiAdapter",
     "falcon-alibi": "conformance.adapters.torch_bias_libs:FalconAlibiAdapter",
+    "hf-swin-attention": "conformance.adapters.hf_bias_layers:HFSwinAttentionAdapter",
+    "hf-t5-attention": "conformance.adapters.hf_bias_layers:HFT5AttentionAdapter",
     "keras-hub-rope": "conformance.adapters.jax_rope_libs:KerasHubRopeAdapter",
     "gemma-rope": "conformance.adapters.jax_rope_libs:GemmaRopeAdapter",
 }

@@ -52,7 +52,7 @@ import importlib
 
 import numpy as np
 
-from . import _glue, _torch
+from . import _glue, _hf_layers, _torch
 from .base import Capabilities
 
 #: The release these adapters were certified against (the pin of the extra).
@@ -348,38 +348,14 @@ class HFLlamaAttentionAdapter(_torch.TorchAdapter):
 
     def layer(self, spec, params: dict, device: str):
         """LlamaAttention built in float32, cast to the parameters' dtype, then the canonical weights loaded."""
-        import torch
         from transformers.models.llama.modeling_llama import LlamaAttention
 
         dtype = _torch.torch_dtype(params["wq"].dtype.name)
         m = LlamaAttention(llama_config(spec, _rope(spec)), layer_idx=0).to(device=device, dtype=dtype).eval()
-        with torch.no_grad():
-            for proj, w, b in (
-                ("q_proj", "wq", "bq"),
-                ("k_proj", "wk", "bk"),
-                ("v_proj", "wv", "bv"),
-                ("o_proj", "wo", "bo"),
-            ):
-                linear = getattr(m, proj)
-                linear.weight.copy_(_torch.to_torch(params[w], device).T)  # canonical (in, out), nn.Linear (out, in)
-                if b in params:
-                    linear.bias.copy_(_torch.to_torch(params[b], device))
-        return m
+        return _hf_layers.load(m, params, device)
 
     def roundtrip_params(self, spec, params):
-        m = self.layer(spec, params, "cpu")
-        out = {}
-        for proj, w, b in (
-            ("q_proj", "wq", "bq"),
-            ("k_proj", "wk", "bk"),
-            ("v_proj", "wv", "bv"),
-            ("o_proj", "wo", "bo"),
-        ):
-            linear = getattr(m, proj)
-            out[w] = _torch.to_numpy(linear.weight.T.contiguous())
-            if linear.bias is not None:
-                out[b] = _torch.to_numpy(linear.bias)
-        return out
+        return _hf_layers.canonical(self.layer(spec, params, "cpu"))
 
     def _position_embeddings(self, spec, x):
         """(cos, sin) (1, L, d) at arange(L) from LlamaRotaryEmbedding; cos = 1, sin = 0 without a Rope."""
@@ -411,17 +387,10 @@ class HFLlamaAttentionAdapter(_torch.TorchAdapter):
 
     def _call(self, spec, m, t, inputs, *, split_inputs: bool):
         x = t["query"]
-        hooks = []
-        if split_inputs:  # each projection gets its own leaf: the partials with respect to query, key and value
-            for proj, name in (("k_proj", "key"), ("v_proj", "value")):
-                leaf = t[name]
-                hooks.append(getattr(m, proj).register_forward_pre_hook(lambda mod, args, leaf=leaf: (leaf,)))
-        try:
+        leaves = {"k_proj": t["key"], "v_proj": t["value"]} if split_inputs else {}
+        with _hf_layers.own_inputs(m, leaves):  # each projection its own leaf: the partials for query, key, value
             mask = self._attention_mask(spec, inputs, t.get("bias"), x, spec.num_heads)
             return m(x, position_embeddings=self._position_embeddings(spec, x), attention_mask=mask)
-        finally:
-            for h in hooks:
-                h.remove()
 
     def forward(self, spec, params, inputs, *, device, need_weights):
         import torch
@@ -448,14 +417,4 @@ class HFLlamaAttentionAdapter(_torch.TorchAdapter):
         out, _ = self._call(spec, m, t, inputs, split_inputs=True)
         out.backward(_torch.to_torch(grad_out, device))
         grads = {n: _torch.to_numpy(t[n].grad if t[n].grad is not None else torch.zeros_like(t[n])) for n in names}
-        for proj, w, b in (
-            ("q_proj", "wq", "bq"),
-            ("k_proj", "wk", "bk"),
-            ("v_proj", "wv", "bv"),
-            ("o_proj", "wo", "bo"),
-        ):
-            linear = getattr(m, proj)
-            grads[w] = _torch.to_numpy(linear.weight.grad.T.contiguous())
-            if linear.bias is not None:
-                grads[b] = _torch.to_numpy(linear.bias.grad)
-        return grads
+        return {**grads, **_hf_layers.gradients(m)}
