@@ -74,6 +74,7 @@ CLI_ONLY = {
             "falcon-alibi",
             "hf-swin-attention",
             "hf-t5-attention",
+            "keras-hub-alibi",
         ],
         ALL,
     ),

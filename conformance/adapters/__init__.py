@@ -46,6 +46,7 @@ BUILTIN = {
     "hf-t5-attention": "conformance.adapters.hf_bias_layers:HFT5AttentionAdapter",
     "keras-hub-rope": "conformance.adapters.jax_rope_libs:KerasHubRopeAdapter",
     "gemma-rope": "conformance.adapters.jax_rope_libs:GemmaRopeAdapter",
+    "keras-hub-alibi": "conformance.adapters.jax_bias_libs:KerasHubAlibiAdapter",
 }
 
 #: Built-in adapters that ``python -m conformance run`` leaves out unless named (``--adapter``) or asked for

@@ -53,6 +53,12 @@ def interleaved_orders(rope, d: int):
     return np.argsort(to_half), to_half
 
 
+def default_keys(case) -> bool:
+    """True when the case's calls leave the keys at arange(Lk) (POS-1), for libraries that take no key
+    positions (ALiBi builders): the recipes decide, so one draw tells."""
+    return "k_positions" not in case.draw(np.random.default_rng(0))
+
+
 def allowed_keys(spec, inputs: dict) -> np.ndarray:
     """MASK-4: the allowed keys (B, H, Lq, Lk) from the mask, -inf bias entries (BIAS-2) and causality on
     the positions' distance (CAUSAL-1, POS-2); computed once per call, for the core and for MASK-7."""
@@ -166,7 +172,7 @@ def torch_run(
 
 
 # ------------------------------------------------------------------------ jax
-def jax_forward(spec, t: dict, inputs: dict, allowed, rotate, *, need_weights: bool):
+def jax_forward(spec, t: dict, inputs: dict, allowed, rotate=None, *, need_weights: bool, position_bias=None):
     """The JAX twin of ``torch_forward``; ``t`` holds jax arrays."""
     import jax
     import jax.numpy as jnp
@@ -185,11 +191,14 @@ def jax_forward(spec, t: dict, inputs: dict, allowed, rotate, *, need_weights: b
         return y.reshape(B, a.shape[1], heads, -1).transpose(0, 2, 1, 3)
 
     qp, kp = positions(inputs, "q_positions", Lq), positions(inputs, "k_positions", Lk)
-    q = rotate(proj(x, "wq", "bq", H), qp)
-    k = rotate(proj(key, "wk", "bk", Hkv), kp)
+    q, k = proj(x, "wq", "bq", H), proj(key, "wk", "bk", Hkv)
+    if rotate is not None:
+        q, k = rotate(q, qp), rotate(k, kp)
     v = proj(value, "wv", "bv", Hkv)
     k, v = jnp.repeat(k, G, axis=1), jnp.repeat(v, G, axis=1)
     logits = spec.effective_scale * jnp.matmul(q, k.swapaxes(-1, -2), precision=hi)
+    if position_bias is not None:
+        logits = logits + position_bias(t, qp, kp)
     if "bias" in t:
         logits = logits + t["bias"]
     stat = jnp.float32 if x.dtype in (jnp.float16, jnp.bfloat16) else x.dtype
@@ -207,7 +216,9 @@ def jax_forward(spec, t: dict, inputs: dict, allowed, rotate, *, need_weights: b
     return (out, w.astype(x.dtype)) if need_weights else (out, None)
 
 
-def jax_run(spec, params: dict, inputs: dict, device: str, rotate, *, need_weights: bool, grad_out=None):
+def jax_run(
+    spec, params: dict, inputs: dict, device: str, rotate=None, *, need_weights: bool, grad_out=None, position_bias=None
+):
     """forward, or with ``grad_out`` the gradients of <out, grad_out> by ``jax.vjp`` (GRAD-1); not jitted."""
     import jax
 
@@ -219,11 +230,17 @@ def jax_run(spec, params: dict, inputs: dict, device: str, rotate, *, need_weigh
     allowed = _jax.to_jax(allowed, device)
     t = {n: _jax.to_jax(a, device) for n, a in {**params, **inputs}.items() if n not in skip}
     if grad_out is None:
-        out, weights = jax_forward(spec, t, inputs, allowed, rotate, need_weights=need_weights)
+        out, weights = jax_forward(
+            spec, t, inputs, allowed, rotate, need_weights=need_weights, position_bias=position_bias
+        )
         res = {"out": _jax.to_numpy(out)}
         if need_weights:
             res["weights"] = _jax.to_numpy(weights)
         return res
-    out, pullback = jax.vjp(lambda leaves: jax_forward(spec, leaves, inputs, allowed, rotate, need_weights=False)[0], t)
+
+    def out_of(leaves):
+        return jax_forward(spec, leaves, inputs, allowed, rotate, need_weights=False, position_bias=position_bias)[0]
+
+    out, pullback = jax.vjp(out_of, t)
     (grads,) = pullback(_jax.to_jax(np.asarray(grad_out), device).astype(out.dtype))
     return {n: _jax.to_numpy(g) for n, g in grads.items()}

@@ -224,6 +224,25 @@ def _keras_backend_problem() -> Optional[str]:
     return None
 
 
+def keras_hub_unavailable() -> Optional[str]:
+    """Why keras-hub cannot run on JAX here (JAX, the keras backend, the package), or None."""
+    reason = _jax.jax_available() or _keras_backend_problem()
+    if reason:
+        return reason
+    try:
+        import keras_hub  # noqa: F401
+    except ImportError as e:
+        return f"keras-hub is not installed ({e}); {KERAS_INSTALL} (its tensorflow-text requirement pulls TensorFlow)"
+    return None
+
+
+def keras_hub_environment() -> dict:
+    import keras
+    import keras_hub
+
+    return {"keras": keras.__version__, "keras_hub": keras_hub.__version__, "keras_backend": keras.backend.backend()}
+
+
 def _gemma_rope():
     """(apply_rope, where it came from).
 
@@ -318,26 +337,10 @@ class KerasHubRopeAdapter(_RopeLibAdapter):
     }
 
     def unavailable(self):
-        reason = _jax.jax_available() or _keras_backend_problem()
-        if reason:
-            return reason
-        try:
-            import keras_hub  # noqa: F401
-        except ImportError as e:
-            return (
-                f"keras-hub is not installed ({e}); {KERAS_INSTALL} (its tensorflow-text requirement pulls TensorFlow)"
-            )
-        return None
+        return keras_hub_unavailable()
 
     def extra_environment(self):
-        import keras
-        import keras_hub
-
-        return {
-            "keras": keras.__version__,
-            "keras_hub": keras_hub.__version__,
-            "keras_backend": keras.backend.backend(),
-        }
+        return keras_hub_environment()
 
     def arguments(self, spec):
         return keras_hub_arguments(spec)

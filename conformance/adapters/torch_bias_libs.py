@@ -287,7 +287,7 @@ class _AlibiBuilderAdapter(_BiasAdapter):
         alibi = _scheme(case.spec, "alibi")
         if alibi is not None and (alibi.slopes is not None or alibi.max_bias != 8.0):
             return "the builder makes its own slopes (max_bias 8, ALIBI-2) and takes none of the call's"
-        if "k_positions" in case.draw(np.random.default_rng(0)):
+        if not _glue.default_keys(case):
             return "the builder puts the keys at arange(Lk): it takes no key positions"
         return None
 
