@@ -588,8 +588,10 @@ def test_sdpa_reads_a_bias_of_the_distance_from_a_view_of_its_lq_plus_lk_minus_1
 @pytest.mark.parametrize("window", [(3, 4), (4, 1), (1, 3), (2, 3)], ids=["3x4", "4x1", "1x3", "2x3"])
 def test_one_whole_swin_window_reads_its_table_through_a_view(window, kernel):
     """SWIN-1 for the call Swin makes per window (Wh * Ww tokens, default positions, no prefix): the table
-    through ``swin.one_window``'s unfolded view, no row index (``pair_rows`` is not called); out and every
-    gradient, rel_b's included, are the reference's in float64."""
+    through an unfolded view (``swin._reversed_pairs``), no row index (``pair_rows`` is not called); out and
+    every gradient, rel_b's included, are the reference's in float64. Without gradients the sdpa kernel
+    writes the bias into this thread's persistent workspace: two calls with different tables in a row each
+    give the reference's output (the second overwrites the first's buffer, never reads it)."""
     Wh, Ww = window
     L = Wh * Ww
     spec = AttentionSpec(3, 2, relative=Swin(window))
@@ -605,3 +607,12 @@ def test_one_whole_swin_window_reads_its_table_through_a_view(window, kernel):
     out.backward(torch.as_tensor(g))
     assert max_rel_error(tp["rel_b"].grad, want_grads["rel_b"]) <= F64_RTOL
     assert max_rel_error(tx.grad, want_grads["query"] + want_grads["key"] + want_grads["value"]) <= F64_RTOL
+    other = {**params, "rel_b": rng.normal(size=params["rel_b"].shape)}
+    with torch.no_grad(), mock.patch.object(swin, "pair_rows", side_effect=AssertionError("a row index was built")):
+        for p in (params, other, params):
+            out = torch_impl.attention(spec, as_tensors(p), torch.as_tensor(x), implementation=kernel)
+            assert max_rel_error(out, numpy_ref.attention(spec, p, x)) <= F64_RTOL
+    if kernel == "sdpa":
+        from torch_impl import _workspace
+
+        assert ("reversed-bias", torch.float64) in _workspace.persistent(torch.device("cpu"))._flat

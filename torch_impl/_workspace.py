@@ -12,8 +12,11 @@ values that die within a tile may live there.
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
+
+_LOCAL = threading.local()
 
 
 class Workspace:
@@ -34,3 +37,11 @@ class Workspace:
 def take(ws, slot: str, shape: tuple, dtype: torch.dtype):
     """``ws.take(...)``, or None without a workspace (the operation then allocates as usual)."""
     return None if ws is None else ws.take(slot, tuple(shape), dtype)
+
+
+def persistent(device: torch.device) -> Workspace:
+    """This thread's workspace for ``device``, kept from call to call (it holds the largest buffer asked
+    for): only for a call that records no gradient, whose buffers are dead when it returns (a backward
+    would read them after the next call overwrote them)."""
+    spaces = _LOCAL.__dict__.setdefault("spaces", {})
+    return spaces.setdefault(device, Workspace(device))

@@ -87,6 +87,25 @@ def scheme_distance_bias(spec: AttentionSpec, params: dict, call, stat):
     return None if hook is None else hook(scheme, params, call, num_heads=spec.num_heads, stat=stat)
 
 
+def scheme_reversed_bias(spec: AttentionSpec, params: dict, call, stat, workspace=None):
+    """REL-3 (3) with the query rows in reverse order, (1, H, Lq, Lk) (row t: query Lq - 1 - t), for a
+    kernel that runs the queries reversed: a strided view of ``distance_bias`` (ALiBi, T5: nothing
+    written) or the scheme's ``reversed_bias`` (Swin's one window: one straight copy, into ``workspace``
+    when given); None for any other call or scheme."""
+    per_distance = scheme_distance_bias(spec, params, call, stat)
+    if per_distance is not None:
+        return per_distance.unfold(-1, call.Lk, 1)
+    scheme = spec.relative
+    hook = (
+        None
+        if scheme is None or "bias" not in scheme.hooks
+        else getattr(schemes.module_for(scheme), "reversed_bias", None)
+    )
+    if hook is None:
+        return None
+    return hook(scheme, params, call, num_heads=spec.num_heads, stat=stat, workspace=workspace)
+
+
 def by_distance(values, Lq: int, Lk: int):
     """(..., Lq + Lk - 1) values of the distances -(Lq - 1) .. Lk - 1 -> (..., Lq, Lk), entry [i, j] the
     value of distance j - i (POS-3): one strided copy instead of a term computed per pair.

@@ -17,7 +17,10 @@ A bias of the distance alone (ALiBi, T5) at default positions with nothing
 else in the mask is never written out: its Lq + Lk - 1 values
 (``distance_bias``) make a strided view whose row t holds query Lq - 1 - t,
 and SDPA runs the queries in that order (each row's arithmetic is the
-same, so the output is too).
+same, so the output is too). Swin's bias of one whole window
+(``reversed_bias``) is, in that order, one straight copy of a view of its
+table; in a call that records no gradient it goes into a buffer kept
+between calls (``_workspace.persistent``), so no fresh memory is faulted in.
 
 It takes no other relative term (a key term or value term needs the
 logits, which SDPA never exposes), no ``mask_fill`` (MASK-6), no soft cap
@@ -35,8 +38,8 @@ from typing import ClassVar, Optional
 import torch
 import torch.nn.functional as F
 
-from .. import _core
-from ._base import Kernel, scheme_bias, scheme_distance_bias, transform_qk
+from .. import _core, _workspace
+from ._base import Kernel, scheme_bias, scheme_reversed_bias, transform_qk
 
 
 @dataclass(frozen=True)
@@ -80,9 +83,10 @@ def attention(spec, params: dict, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     gqa = k.shape[1] != q.shape[1]  # HEAD-3: SDPA repeats each key/value head for G consecutive query heads
     stat = _core.stat_dtype(q.dtype)
     alone = not spec.causal and spec.window is None and call.mask is None and call.bias is None
-    per_distance = scheme_distance_bias(spec, params, call, stat) if alone else None  # (1, H, Lq + Lk - 1)
-    if per_distance is not None:  # REL-3 (3): [t, j] = the bias of distance t + j - (Lq - 1), query Lq - 1 - t
-        reversed_rows = per_distance.unfold(-1, call.Lk, 1)  # (1, H, Lq, Lk), a view
+    records_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, *params.values()))
+    reuse = None if records_grad or torch.compiler.is_compiling() else _workspace.persistent(q.device)
+    reversed_rows = scheme_reversed_bias(spec, params, call, stat, reuse) if alone else None  # (1, H, Lq, Lk)
+    if reversed_rows is not None:  # REL-3 (3): row t holds query Lq - 1 - t's bias
         o = F.scaled_dot_product_attention(q.flip(2), k, v, attn_mask=reversed_rows, scale=s, enable_gqa=gqa)
         return o.flip(2)
     added = scheme_bias(spec, params, call, stat)  # REL-3 (3): (1|B, H, Lq, Lk) or None

@@ -23,6 +23,7 @@ from typing import NamedTuple
 
 import torch
 
+from .. import _workspace
 from ._bias_tables import call_positions, pair_positions, table_bias, tile_positions
 
 
@@ -59,23 +60,43 @@ def rows_of(scheme, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------- eager hook
 def bias(scheme, params: dict, call, *, num_heads: int, stat: torch.dtype) -> torch.Tensor:
     """SWIN-1: (1|B, H, Lq, Lk) = rel_b[h, row(q_pos_i, k_pos_j)] in the stat dtype."""
-    (Wh, Ww), P = scheme.window, scheme.prefix_tokens
-    if call.default_positions and not P and call.Lq == call.Lk == Wh * Ww:
-        return one_window(params["rel_b"], Wh, Ww, stat)
+    if _one_window(scheme, call):
+        return _reversed_pairs(params["rel_b"], *scheme.window, stat).flip(1, 2).reshape(1, num_heads, call.Lq, call.Lk)
     return table_bias(params["rel_b"], pair_rows(scheme, *call_positions(call)), stat)
 
 
-def one_window(rel_b: torch.Tensor, Wh: int, Ww: int, stat: torch.dtype) -> torch.Tensor:
-    """SWIN-1 for the call Swin makes per window: its Wh * Ww tokens at default positions, no prefix.
+def reversed_bias(scheme, params: dict, call, *, num_heads: int, stat: torch.dtype, workspace=None):
+    """SWIN-1 for the call Swin makes per window, rows in reverse query order: (1, H, L, L) whose row t is
+    query L - 1 - t's bias, written into a buffer of ``workspace`` when given (reused memory: no page
+    faults); None for any other call.
 
-    Every pair is inside the window (no clip, SWIN-3), so the (H, 2Wh - 1, 2Ww - 1) table is read at
-    [kh - qh + Wh - 1, kw - qw + Ww - 1]: two unfolds make that a view, indexed (Wh - 1 - qh, Ww - 1 - qw,
-    kh, kw), and one flip writes it out, (1, H, L, L) in ``stat``, with no (L, L) row index.
+    Reversing the queries turns the window's bias into a plain strided view of the table (no flip), so
+    the one (H, L, L) write is a straight copy (the sdpa kernel runs SDPA on the reversed queries).
+    """
+    if not _one_window(scheme, call):
+        return None
+    view = _reversed_pairs(params["rel_b"], *scheme.window, stat)
+    shape = (1, num_heads, call.Lq, call.Lk)
+    out = _workspace.take(workspace, "reversed-bias", view.shape, stat)
+    return view.reshape(shape) if out is None else out.copy_(view).view(shape)
+
+
+def _one_window(scheme, call) -> bool:
+    """One whole window: its Wh * Ww tokens at default positions, no prefix (every pair inside, no clip)."""
+    Wh, Ww = scheme.window
+    return call.default_positions and not scheme.prefix_tokens and call.Lq == call.Lk == Wh * Ww
+
+
+def _reversed_pairs(rel_b: torch.Tensor, Wh: int, Ww: int, stat: torch.dtype) -> torch.Tensor:
+    """SWIN-3 inside one window as a view, (H, Wh, Ww, Wh, Ww) indexed (Wh - 1 - qh, Ww - 1 - qw, kh, kw).
+
+    The (H, 2Wh - 1, 2Ww - 1) table is read at [kh - qh + Wh - 1, kw - qw + Ww - 1]; two unfolds give
+    [a, c, b, e] = table[a + b, c + e], which is that with a = Wh - 1 - qh, c = Ww - 1 - qw: the queries
+    in reverse (row-major) order, with no (L, L) row index.
     """
     H = rel_b.shape[0]
     table = rel_b.to(stat).reshape(H, 2 * Wh - 1, 2 * Ww - 1)
-    by_pair = table.unfold(1, Wh, 1).unfold(2, Ww, 1)  # (H, Wh, Ww, Wh, Ww): [a, c, b, e] = table[a + b, c + e]
-    return by_pair.flip(1, 2).reshape(1, H, Wh * Ww, Wh * Ww)
+    return table.unfold(1, Wh, 1).unfold(2, Ww, 1)
 
 
 # ---------------------------------------------------------------- tile hooks
