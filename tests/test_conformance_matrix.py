@@ -29,8 +29,9 @@ conformance run``, and so does the quick start's first command (all but
 - the outside RoPE and position-bias adapters (``hf-*``,
   ``rotary-embedding-torch``, ``torchtune-rope``, ``xt-*``,
   ``keras-hub-*``, ``gemma-rope``, ``bloom-alibi``, ``mpt-alibi``,
-  ``falcon-alibi``): their own test files here check each library against
-  the reference, and ``.ci/run`` runs their cells.
+  ``falcon-alibi``, ``timm-window-attention``): their own test files here
+  check each library against the reference, and ``.ci/run`` runs their
+  cells (timm in an environment of its own).
 """
 
 import pytest
@@ -73,6 +74,7 @@ CLI_ONLY = {
             "mpt-alibi",
             "falcon-alibi",
             "hf-swin-attention",
+            "timm-window-attention",
             "hf-t5-attention",
             "keras-hub-alibi",
         ],

@@ -73,10 +73,23 @@ class _LayerAdapter(_torch.TorchAdapter):
         """out (B, Lq, D) and the weights (B, H, Lq, Lk) or None."""
         raise NotImplementedError
 
+    def load_weights(self, m, params: dict, device: str):
+        return _hf_layers.load(m, params, device, self.projections)
+
+    def canonical_weights(self, m) -> dict:
+        return _hf_layers.canonical(m, self.projections)
+
+    def weight_gradients(self, m) -> dict:
+        return _hf_layers.gradients(m, self.projections)
+
+    def own_inputs(self, m, t: dict):
+        """A context in which the key and value projections read t["key"] and t["value"] (the partials)."""
+        return _hf_layers.own_inputs(m, {self.projections[1][0]: t["key"], self.projections[2][0]: t["value"]})
+
     def layer(self, spec, params: dict, device: str):
         import torch
 
-        m = _hf_layers.load(self.build(spec, params["wq"].dtype.name, device), params, device, self.projections)
+        m = self.load_weights(self.build(spec, params["wq"].dtype.name, device), params, device)
         with torch.no_grad():
             table = self._table(m)
             table.copy_(_torch.to_torch(np.ascontiguousarray(self.to_table(params["rel_b"])), device))
@@ -90,7 +103,7 @@ class _LayerAdapter(_torch.TorchAdapter):
 
     def roundtrip_params(self, spec, params):
         m = self.layer(spec, params, "cpu")
-        back = _hf_layers.canonical(m, self.projections)
+        back = self.canonical_weights(m)
         back["rel_b"] = np.ascontiguousarray(self.from_table(_torch.to_numpy(self._table(m))))
         return back
 
@@ -114,38 +127,38 @@ class _LayerAdapter(_torch.TorchAdapter):
             p.requires_grad_(True)
         names = [n for n in ("query", "key", "value", "bias") if inputs.get(n) is not None]
         t = {n: _torch.to_torch(inputs[n], device, requires_grad=True) for n in names}
-        k, v = self.projections[1][0], self.projections[2][0]
-        with _hf_layers.own_inputs(m, {k: t["key"], v: t["value"]}):  # the partials for key and value
+        with self.own_inputs(m, t):  # the partials for key and value
             out, _ = self.call(spec, m, t, inputs, training=True)
         out.backward(_torch.to_torch(grad_out, device))
         grads = {n: _torch.to_numpy(t[n].grad if t[n].grad is not None else torch.zeros_like(t[n])) for n in names}
         grads["rel_b"] = np.ascontiguousarray(self.from_table(_torch.to_numpy(self._table(m).grad)))
-        return {**grads, **_hf_layers.gradients(m, self.projections)}
+        return {**grads, **self.weight_gradients(m)}
 
 
 # ---------------------------------------------------------------------------- Swin
-class HFSwinAttentionAdapter(_LayerAdapter):
-    name = "hf-swin-attention"
-    description = "transformers SwinAttention (eager) on one window, canonical weights and table loaded"
-    projections = SWIN_PROJECTIONS
-    table = "relative_position_bias.relative_position_bias_table"
+class SwinWindowLayer(_LayerAdapter):
+    """What a Swin window-attention layer (HF's, timm's) can run: one window, its table reversed (SWIN-3)."""
+
+    layer_name = "SwinAttention"
+    returns_weights = True
 
     def capabilities(self):
         return Capabilities(
             devices=_torch.devices(),
             features=frozenset({"swin", "bias"}),
             notes={
-                "cross-attention": "SwinAttention is self-attention within one window",
-                "positions": "SwinAttention's tokens are the window's in row-major order (POS-5): no positions",
+                "cross-attention": f"{self.layer_name} is self-attention within one window",
+                "positions": f"{self.layer_name}'s tokens are the window's in row-major order (POS-5): no positions",
                 "swin-prefix": "Swin has no class token (BEiT's relative position bias has one)",
-                "no-projection-bias": "SwinAttention's o_proj always has a bias",
-                "custom-scale": "SwinAttention's scaling is head_dim ** -0.5",
-                "mask": "SwinAttention takes an additive attention_mask only (the bias input)",
-                "causal": "SwinAttention is not causal",
+                "no-projection-bias": f"{self.layer_name}'s output projection always has a bias",
+                "custom-scale": f"{self.layer_name}'s scaling is head_dim ** -0.5",
+                "mask": f"{self.layer_name} takes an additive mask only (the bias input)",
+                "causal": f"{self.layer_name} is not causal",
                 "shaw": "no Shaw tables",
                 "huang": "no Huang tables",
             },
             requires=frozenset({"swin"}),
+            weights=self.returns_weights,
         )
 
     def unsupported_case(self, case):
@@ -154,9 +167,31 @@ class HFSwinAttentionAdapter(_LayerAdapter):
             return None
         Wh, Ww = swin.window
         if case.dims.Lq != Wh * Ww:
-            return f"SwinAttention attends within one window: L = Wh * Ww = {Wh * Ww} tokens, not {case.dims.Lq}"
+            return f"{self.layer_name} attends within one window: L = Wh * Ww = {Wh * Ww} tokens, not {case.dims.Lq}"
         shared = all(getattr(r, "pattern", "11").startswith("11") for r in case.recipes if type(r).__name__ == "Bias")
-        return None if shared else "SwinAttention's attention_mask is one (N, N) matrix per window, for every head"
+        return None if shared else f"{self.layer_name}'s mask is one (N, N) matrix per window, for every head"
+
+    def to_table(self, rel_b):  # SWIN-3: query minus key coordinates index the rows in reverse
+        return np.asarray(rel_b)[:, ::-1].T
+
+    def from_table(self, table):
+        return np.asarray(table).T[:, ::-1]
+
+    def window_mask(self, t):
+        """SWIN-5: the bias input as the layer's mask of one window, (1, N, N), or None."""
+        bias = t.get("bias")
+        if bias is None:
+            return None
+        if bias.shape[0] != 1 or bias.shape[1] != 1:
+            raise ValueError(f"bias: {self.name} takes one (1, 1, N, N) matrix, got shape {tuple(bias.shape)}")
+        return bias[0]
+
+
+class HFSwinAttentionAdapter(SwinWindowLayer):
+    name = "hf-swin-attention"
+    description = "transformers SwinAttention (eager) on one window, canonical weights and table loaded"
+    projections = SWIN_PROJECTIONS
+    table = "relative_position_bias.relative_position_bias_table"
 
     def build(self, spec, dtype, device):
         from transformers import SwinConfig
@@ -177,20 +212,8 @@ class HFSwinAttentionAdapter(_LayerAdapter):
             m.relative_position_bias = SwinRelativePositionBias(spec.num_heads, (Wh, Ww))
         return m.to(device=device, dtype=_torch.torch_dtype(dtype)).eval()
 
-    def to_table(self, rel_b):  # SWIN-3: query minus key coordinates index the rows in reverse
-        return np.asarray(rel_b)[:, ::-1].T
-
-    def from_table(self, table):
-        return np.asarray(table).T[:, ::-1]
-
     def call(self, spec, m, t, inputs, *, training):
-        bias = t.get("bias")
-        mask = None
-        if bias is not None:  # SWIN-5: one (N, N) matrix shared by every head and batch row
-            if bias.shape[0] != 1 or bias.shape[1] != 1:
-                raise ValueError(f"bias: {self.name} takes one (1, 1, N, N) matrix, got shape {tuple(bias.shape)}")
-            mask = bias[0]  # (1 window, N, N)
-        return m(t["query"], attention_mask=mask)
+        return m(t["query"], attention_mask=self.window_mask(t))
 
 
 # ------------------------------------------------------------------------------ T5
