@@ -53,6 +53,11 @@ def interleaved_orders(rope, d: int):
     return np.argsort(to_half), to_half
 
 
+def scheme(spec, name: str):
+    """``spec.relative`` when it is the scheme ``name`` (REL-3: schemes are told apart by name), else None."""
+    return spec.relative if getattr(spec.relative, "name", None) == name else None
+
+
 def default_keys(case) -> bool:
     """True when the case's calls leave the keys at arange(Lk) (POS-1), for libraries that take no key
     positions (ALiBi builders): the recipes decide, so one draw tells."""

@@ -32,16 +32,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _hf_layers, _torch
+from . import _glue, _hf_layers, _torch
 from .base import Capabilities
 from .hf_rope import transformers_unavailable
 
 SWIN_PROJECTIONS = _hf_layers.LLAMA_PROJECTIONS
 T5_PROJECTIONS = (("q", "wq", "bq"), ("k", "wk", "bk"), ("v", "wv", "bv"), ("o", "wo", "bo"))
-
-
-def _scheme(spec, name: str):
-    return spec.relative if getattr(spec.relative, "name", None) == name else None  # REL-3: by name
 
 
 class _LayerAdapter(_torch.TorchAdapter):
@@ -162,7 +158,7 @@ class SwinWindowLayer(_LayerAdapter):
         )
 
     def unsupported_case(self, case):
-        swin = _scheme(case.spec, "swin")
+        swin = _glue.scheme(case.spec, "swin")
         if swin is None:
             return None
         Wh, Ww = swin.window
@@ -197,7 +193,7 @@ class HFSwinAttentionAdapter(SwinWindowLayer):
         from transformers import SwinConfig
         from transformers.models.swin.modeling_swin import SwinAttention, SwinRelativePositionBias
 
-        Wh, Ww = _scheme(spec, "swin").window
+        Wh, Ww = _glue.scheme(spec, "swin").window
         config = SwinConfig(
             embed_dim=spec.model_dim,
             depths=[1],
@@ -243,13 +239,13 @@ class HFT5AttentionAdapter(_LayerAdapter):
 
     def unsupported_case(self, case):
         spec = case.spec
-        if _scheme(spec, "t5") is None:
+        if _glue.scheme(spec, "t5") is None:
             return None
         if spec.bias:
             return "T5Attention's projections have no biases (PROJ-1 with bias=False only)"
         if spec.effective_scale != 1.0:
             return f"T5Attention does not scale its logits (scale 1), the case scales by {spec.effective_scale:.4g}"
-        if spec.causal == _scheme(spec, "t5").bidirectional:
+        if spec.causal == _glue.scheme(spec, "t5").bidirectional:
             return "T5 decoders are causal and unidirectional, encoders neither (is_decoder sets both)"
         return None
 
@@ -257,7 +253,7 @@ class HFT5AttentionAdapter(_LayerAdapter):
         from transformers import T5Config
         from transformers.models.t5.modeling_t5 import T5Attention
 
-        t5 = _scheme(spec, "t5")
+        t5 = _glue.scheme(spec, "t5")
         config = T5Config(
             d_model=spec.model_dim,
             d_kv=spec.head_dim,

@@ -49,10 +49,6 @@ from .hf_rope import transformers_unavailable
 XT_PIN = "x-transformers==2.31.10"
 
 
-def _scheme(spec, name: str):
-    return spec.relative if getattr(spec.relative, "name", None) == name else None  # REL-3: by name
-
-
 def _default_keys(inputs: dict, Lk: int) -> bool:
     """True when the keys sit at arange(Lk) in every batch row (the builders' and forward(i, j)'s keys)."""
     kp = inputs.get("k_positions")
@@ -157,7 +153,7 @@ class XTAlibiAdapter(_XTAdapter):
     def bias_fn(self, spec, inputs, dtype, device):
         from x_transformers.x_transformers import AlibiPositionalBias
 
-        alibi = _scheme(spec, "alibi")
+        alibi = _glue.scheme(spec, "alibi")
         H = spec.num_heads
         own = alibi.slopes is None and alibi.max_bias == 8.0  # the paper's schedule: the library's own slopes
         m = AlibiPositionalBias(heads=H, total_heads=H, slopes=None if own else list(alibi.slopes_for(H)))
@@ -179,7 +175,7 @@ class XTT5Adapter(_XTAdapter):
     def bias_fn(self, spec, inputs, dtype, device):
         from x_transformers.x_transformers import RelativePositionBias
 
-        t5 = _scheme(spec, "t5")
+        t5 = _glue.scheme(spec, "t5")
         m = RelativePositionBias(
             scale=1.0,
             causal=not t5.bidirectional,
@@ -251,7 +247,7 @@ def t5_config(spec):
     """T5Config of the spec: d_model D, d_kv d, heads, the buckets; is_decoder = not bidirectional."""
     from transformers import T5Config
 
-    t5 = _scheme(spec, "t5")
+    t5 = _glue.scheme(spec, "t5")
     return T5Config(
         d_model=spec.model_dim,
         d_kv=spec.head_dim,
@@ -284,7 +280,7 @@ class _AlibiBuilderAdapter(_BiasAdapter):
         return transformers_unavailable()
 
     def unsupported_case(self, case):
-        alibi = _scheme(case.spec, "alibi")
+        alibi = _glue.scheme(case.spec, "alibi")
         if alibi is not None and (alibi.slopes is not None or alibi.max_bias != 8.0):
             return "the builder makes its own slopes (max_bias 8, ALIBI-2) and takes none of the call's"
         if not _glue.default_keys(case):

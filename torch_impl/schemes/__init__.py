@@ -65,6 +65,13 @@ is a scatter-add); nothing loops over positions.
   kernel hands SDPA its strided (Lq, Lk) view, rows in reverse query order,
   so no (H, Lq, Lk) bias is written; the eager kernel lays them out in order
   (``kernels._base.scheme_bias``, ``by_distance``) instead of calling ``bias``;
+- optionally ``reversed_bias(scheme, params, call, *, num_heads, stat,
+  workspace=None) -> (1, H, Lq, Lk) | None``, for a bias that is a strided
+  view of a small table once the queries run in reverse order (Swin's one
+  whole window): that bias with row t holding query Lq - 1 - t, written
+  into a buffer of ``workspace`` when one is given (a call that records no
+  gradient), None for calls it does not cover. The sdpa kernel runs SDPA on
+  the reversed queries with it (``kernels._base.scheme_reversed_bias``);
 - ``tile_bias(state, tile) -> (1|b, h, T, k1)``, per tile, in ``stat``: the
   bias of the tile's batches, heads, queries and keys (``state`` from the
   scheme's ``tile_state`` above, whose q gives H and the device), so the
