@@ -69,6 +69,7 @@ CLI_ONLY = {
             "gemma-rope",
             "xt-alibi",
             "xt-t5",
+            "xt-attend",
             "hf-t5-bias",
             "bloom-alibi",
             "mpt-alibi",

@@ -38,6 +38,7 @@ BUILTIN = {
     "xt-rope": "conformance.adapters.torch_rope_libs:XTransformersRopeAdapter",
     "xt-alibi": "conformance.adapters.torch_bias_libs:XTAlibiAdapter",
     "xt-t5": "conformance.adapters.torch_bias_libs:XTT5Adapter",
+    "xt-attend": "conformance.adapters.xt_attend:XTAttendAdapter",
     "hf-t5-bias": "conformance.adapters.torch_bias_libs:HFT5BiasAdapter",
     "bloom-alibi": "conformance.adapters.torch_bias_libs:BloomAlibiAdapter",
     "mpt-alibi": "conformance.adapters.torch_bias_libs:MPTAlibiAdapter",
