@@ -275,6 +275,26 @@ def _cases() -> list[Case]:
             CROSS,
         )
     )
+    # Shaw keys with k past every distance of the call (no clip: BERT's relative_key cannot clip, SHAW-2)
+    add(
+        Case(
+            "shaw/k8/self/keys-within-reach-padding",
+            REL + ("SHAW-1", "SHAW-2", "SHAW-3", "MASK-1"),
+            replace(S2, relative=Shaw(8, values=False)),
+            Dims(2, 9, 9),
+            self_attention=True,
+            recipes=(Mask("B11K", dead_keys=1),),
+        )
+    )
+    add(
+        Case(
+            "shaw/k8/cross/keys-within-reach-empty-row",
+            REL + ("SHAW-1", "SHAW-2", "SHAW-3", "MASK-4", "MASK-5"),
+            replace(S2, relative=Shaw(8, values=False)),
+            CROSS,
+            recipes=(Mask("B1QK", empty_rows=1),),
+        )
+    )
     add(
         Case(
             "shaw/k2/cross/values-only-per-head",

@@ -31,7 +31,8 @@ conformance run``, and so does the quick start's first command (all but
   ``keras-hub-*``, ``gemma-rope``, ``bloom-alibi``, ``mpt-alibi``,
   ``falcon-alibi``, ``timm-window-attention``): their own test files here
   check each library against the reference, and ``.ci/run`` runs their
-  cells (timm in an environment of its own).
+  cells (timm and transformers 4.x, for ``hf-bert-relative-key``, in
+  environments of their own).
 """
 
 import pytest
@@ -76,6 +77,7 @@ CLI_ONLY = {
             "falcon-alibi",
             "hf-swin-attention",
             "timm-window-attention",
+            "hf-bert-relative-key",
             "hf-t5-attention",
             "keras-hub-alibi",
         ],

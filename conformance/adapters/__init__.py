@@ -45,6 +45,7 @@ BUILTIN = {
     "falcon-alibi": "conformance.adapters.torch_bias_libs:FalconAlibiAdapter",
     "hf-swin-attention": "conformance.adapters.hf_bias_layers:HFSwinAttentionAdapter",
     "timm-window-attention": "conformance.adapters.timm_swin:TimmWindowAttentionAdapter",
+    "hf-bert-relative-key": "conformance.adapters.hf_bert:HFBertRelativeKeyAdapter",
     "hf-t5-attention": "conformance.adapters.hf_bias_layers:HFT5AttentionAdapter",
     "keras-hub-rope": "conformance.adapters.jax_rope_libs:KerasHubRopeAdapter",
     "gemma-rope": "conformance.adapters.jax_rope_libs:GemmaRopeAdapter",

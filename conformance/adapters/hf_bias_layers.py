@@ -45,6 +45,7 @@ class _LayerAdapter(_torch.TorchAdapter):
 
     projections: tuple = ()
     table: str = ""  # the attribute path of the layer's table parameter
+    table_param: str = "rel_b"  # the canonical parameter it holds (PARAM-1)
 
     def unavailable(self):
         return transformers_unavailable()
@@ -88,7 +89,7 @@ class _LayerAdapter(_torch.TorchAdapter):
         m = self.load_weights(self.build(spec, params["wq"].dtype.name, device), params, device)
         with torch.no_grad():
             table = self._table(m)
-            table.copy_(_torch.to_torch(np.ascontiguousarray(self.to_table(params["rel_b"])), device))
+            table.copy_(_torch.to_torch(np.ascontiguousarray(self.to_table(params[self.table_param])), device))
         return m
 
     def _table(self, m):
@@ -100,7 +101,7 @@ class _LayerAdapter(_torch.TorchAdapter):
     def roundtrip_params(self, spec, params):
         m = self.layer(spec, params, "cpu")
         back = self.canonical_weights(m)
-        back["rel_b"] = np.ascontiguousarray(self.from_table(_torch.to_numpy(self._table(m))))
+        back[self.table_param] = np.ascontiguousarray(self.from_table(_torch.to_numpy(self._table(m))))
         return back
 
     def forward(self, spec, params, inputs, *, device, need_weights):
@@ -127,7 +128,7 @@ class _LayerAdapter(_torch.TorchAdapter):
             out, _ = self.call(spec, m, t, inputs, training=True)
         out.backward(_torch.to_torch(grad_out, device))
         grads = {n: _torch.to_numpy(t[n].grad if t[n].grad is not None else torch.zeros_like(t[n])) for n in names}
-        grads["rel_b"] = np.ascontiguousarray(self.from_table(_torch.to_numpy(self._table(m).grad)))
+        grads[self.table_param] = np.ascontiguousarray(self.from_table(_torch.to_numpy(self._table(m).grad)))
         return {**grads, **self.weight_gradients(m)}
 
 

@@ -1,0 +1,151 @@
+"""Hugging Face's BERT-family ``relative_key`` attention (transformers 4.x), as one whole ``BertSelfAttention``.
+
+``BertSelfAttention(config)`` with ``position_embedding_type="relative_key"``
+adds ``q_i . E[i - j + P - 1]`` to ``q_i . k_j`` before the ``1/sqrt(d)``
+scale, ``E = distance_embedding.weight`` (2P - 1, d), P =
+``max_position_embeddings``. That is Shaw's key term (REL-1, SCALE-3 with
+the relative term scaled) with ``k = P - 1``, no value term and one table for
+every head: ``rel_k = E[::-1]`` (the spec's distance is key minus query,
+POS-2). BERT does not clip: a distance beyond P - 1 is an ``IndexError``, so
+a case runs when its distances stay within ``k`` (then ``Shaw(k)`` never
+clips either). The same code is in 26 models of transformers 4.x (RoBERTa,
+ELECTRA, ...); transformers 5 removed it (PR #41170), so this adapter is
+certified in an environment of its own, the ``hf4`` extra.
+
+The layer is built in float32 from a ``BertConfig`` (random weights), cast
+with ``.to(dtype)``, loaded with wq/wk/wv (the query, key, value linears);
+the adapter appends ``wo``, ``bo`` as a linear ``out_proj``
+(``BertSelfOutput`` adds a residual and a LayerNorm, which are not
+attention). The mask goes in as BERT
+makes it: an additive ``finfo(dtype).min`` where a key is masked
+(``get_extended_attention_mask``), plus the bias input. Cross-attention
+feeds one tensor to the key and value linears; the harness's separate key
+and value arrays reach them through forward pre-hooks (each linear its own
+input), in every call.
+
+Axis legend (AXES-1): B, H, Lq, Lk, D, d; P max_position_embeddings.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _glue, _hf_layers, _torch
+from .base import Capabilities
+from .hf_bias_layers import _LayerAdapter
+
+HF4_INSTALL = 'pip install -e ".[torch,conformance,hf4]" (transformers 4.57.6)'
+#: BERT's linears, and the output projection the adapter appends as ``out_proj`` (BertSelfOutput is not attention)
+BERT_PROJECTIONS = (("query", "wq", "bq"), ("key", "wk", "bk"), ("value", "wv", "bv"), ("out_proj", "wo", "bo"))
+
+
+class HFBertRelativeKeyAdapter(_LayerAdapter):
+    name = "hf-bert-relative-key"
+    description = "transformers 4.x BertSelfAttention(position_embedding_type='relative_key'), weights loaded"
+    projections = BERT_PROJECTIONS
+    table = "distance_embedding.weight"
+    table_param = "rel_k"
+
+    def unavailable(self):
+        missing = _torch.torch_available()
+        if missing:
+            return missing
+        try:
+            import transformers
+            from transformers.models.bert.modeling_bert import BertSelfAttention
+        except ImportError as e:
+            return f"transformers is not installed ({e}); in an environment of its own: {HF4_INSTALL}"
+        import inspect
+
+        if "position_embedding_type" not in inspect.signature(BertSelfAttention.__init__).parameters:
+            return (
+                f"transformers {transformers.__version__} has no relative_key attention (removed in 5.0, "
+                f"https://github.com/huggingface/transformers/pull/41170); in an environment of its own: {HF4_INSTALL}"
+            )
+        return None
+
+    def capabilities(self):
+        return Capabilities(
+            devices=_torch.devices(),
+            features=frozenset({"shaw", "cross-attention", "mask", "bias"}),
+            notes={
+                "shaw-values": "relative_key has no value term",
+                "per-head-tables": "relative_key has one table for every head",
+                "unscaled-relative": "BERT scales q.k and the relative term together",
+                "custom-scale": "BertSelfAttention divides by sqrt(attention_head_size)",
+                "no-projection-bias": "BERT's query, key and value linears have biases",
+                "positions": "BertSelfAttention places queries and keys at arange(L)",
+                "causal": "BertSelfAttention takes causality through its additive mask only",
+                "huang": "not Huang's scheme",
+            },
+            requires=frozenset({"shaw"}),
+        )
+
+    def unsupported_case(self, case):
+        shaw = _glue.scheme(case.spec, "shaw")
+        if shaw is None:
+            return None
+        longest = max(case.dims.Lq, case.dims.Lk) - 1
+        if longest > shaw.max_distance:
+            return (
+                f"BERT does not clip distances (IndexError beyond max_position_embeddings - 1): the case's reach "
+                f"{longest} beyond k = {shaw.max_distance}"
+            )
+        return None
+
+    def build(self, spec, dtype, device):
+        import torch
+        from transformers import BertConfig
+        from transformers.models.bert.modeling_bert import BertSelfAttention
+
+        config = BertConfig(
+            hidden_size=spec.num_heads * spec.head_dim,
+            num_attention_heads=spec.num_heads,
+            max_position_embeddings=_glue.scheme(spec, "shaw").max_distance + 1,
+            position_embedding_type="relative_key",
+            attention_probs_dropout_prob=0.0,
+            attn_implementation="eager",
+        )
+        m = BertSelfAttention(config, layer_idx=0)
+        m.out_proj = torch.nn.Linear(spec.num_heads * spec.head_dim, spec.model_dim)  # OUT-1: wo, bo
+        return m.to(device=device, dtype=_torch.torch_dtype(dtype)).eval()
+
+    def to_table(self, rel_k):  # E[m] is distance i - j = m - (P - 1): the spec's rows reversed
+        return np.asarray(rel_k)[::-1]
+
+    def from_table(self, table):
+        return np.asarray(table)[::-1]
+
+    def forward(self, spec, params, inputs, *, device, need_weights):
+        import torch
+
+        m = self.layer(spec, params, device)
+        t = {n: _torch.to_torch(inputs[n], device) for n in ("query", "key", "value", "bias") if n in inputs}
+        with torch.no_grad(), self.own_inputs(m, t):
+            out, weights = self.call(spec, m, t, inputs, training=False)
+        res = {"out": _torch.to_numpy(out)}
+        if need_weights:
+            res["weights"] = _torch.to_numpy(weights)
+        return res
+
+    def own_inputs(self, m, t):
+        key = t.get("key", t["query"])
+        return _hf_layers.own_inputs(m, {"key": key, "value": t.get("value", key)})
+
+    def call(self, spec, m, t, inputs, *, training):
+        import torch
+
+        x = t["query"]
+        B, Lq = x.shape[:2]
+        Lk = t.get("key", x).shape[1]
+        mask = None
+        if inputs.get("mask") is not None:  # get_extended_attention_mask: (1 - mask) * finfo(dtype).min
+            allowed = _torch.allowed_mask(spec, inputs, B, spec.num_heads, Lq, Lk, str(x.device))
+            mask = torch.zeros(allowed.shape, dtype=x.dtype, device=x.device).masked_fill(
+                ~allowed, torch.finfo(x.dtype).min
+            )
+        if t.get("bias") is not None:
+            mask = t["bias"] if mask is None else mask + t["bias"]
+        cross = t.get("key")  # the key and value linears read their own inputs (hooks)
+        context, weights = m(x, attention_mask=mask, encoder_hidden_states=cross, output_attentions=True)
+        return m.out_proj(context), weights

@@ -1,0 +1,58 @@
+"""Hugging Face's BERT-family relative_key attention (transformers 4.x) against the reference (SHAW-1..3): the
+adapter of conformance/adapters/hf_bert.py and the findings in spec/comparison.md.
+
+transformers 5 removed relative_key, so these tests need an environment of their own (the `hf4` extra; `.ci/run`
+makes it and runs this file there); elsewhere they skip with the adapter's reason. Expected values come from
+numpy_ref (float64).
+"""
+
+import numpy as np
+import pytest
+
+import numpy_ref
+from conformance.adapters.hf_bert import HFBertRelativeKeyAdapter
+from spec import AttentionSpec, Shaw
+
+BERT = HFBertRelativeKeyAdapter()
+pytestmark = pytest.mark.skipif(bool(BERT.unavailable()), reason=str(BERT.unavailable()))
+SPEC = AttentionSpec(2, 4, relative=Shaw(8, values=False))
+
+
+def _rel(actual, expected) -> float:
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    assert np.isfinite(actual).all(), "NaN or Inf where the truth is finite"
+    return float(np.max(np.abs(actual - expected)) / np.max(np.abs(expected)))
+
+
+def _call(L=7, seed=0):
+    rng = np.random.default_rng(seed)
+    params = numpy_ref.init_params(SPEC, seed=seed)
+    params["rel_k"] = rng.normal(size=params["rel_k"].shape)  # distinct rows: a wrong row shows
+    return params, rng.normal(size=(2, L, 8))
+
+
+def test_relative_key_is_shaw_keys_with_the_table_reversed():
+    """SHAW-1..3, SCALE-3: BertSelfAttention(relative_key) with max_position_embeddings = k + 1 is Shaw(k,
+    values=False) with rel_k = distance_embedding.weight[::-1], in float64; loaded unreversed it is not."""
+    params, x = _call()
+    out = BERT.forward(SPEC, params, {"query": x}, device="cpu", need_weights=False)["out"]
+    assert _rel(out, numpy_ref.attention(SPEC, params, x)) < 1e-13
+    unreversed = {**params, "rel_k": params["rel_k"][::-1].copy()}
+    assert _rel(BERT.forward(SPEC, unreversed, {"query": x}, device="cpu", need_weights=False)["out"], out) > 1e-2
+
+
+def test_a_cached_prefill_puts_every_query_at_the_last_key():
+    """The finding in spec/comparison.md: with past_key_values given, relative_key places every query at
+    position Lk - 1 (position_ids_l = key_length - 1), so a prefill of several queries into an empty cache is the
+    spec's call with q_positions all Lk - 1, not the uncached call (which is the spec's with default positions)."""
+    import torch
+    from transformers import DynamicCache
+
+    params, x = _call(L=5)
+    m = BERT.layer(SPEC, params, "cpu")
+    with torch.no_grad():
+        context, _ = m(torch.from_numpy(x), past_key_values=DynamicCache())
+        out = m.out_proj(context).numpy()
+    at_last = numpy_ref.attention(SPEC, params, x, x, x, q_positions=np.full(5, 4))
+    assert _rel(out, at_last) < 1e-13
+    assert _rel(out, numpy_ref.attention(SPEC, params, x)) > 0.1
