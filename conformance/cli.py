@@ -277,7 +277,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--device", action="append", help="cpu, cuda or gpu (repeatable; default: all present)")
     run.add_argument("--dtype", action="append", help="float64, float32, bfloat16, float16 (repeatable)")
     run.add_argument("--case", action="append", help="case id pattern (fnmatch or substring; repeatable)")
-    run.add_argument("--report", help="folder for results.jsonl and matrix.md")
+    run.add_argument("--report", help="folder for results.jsonl, matrix.md, report.html and matrix.png")
     run.add_argument(
         "--jobs",
         type=int,

@@ -4,7 +4,8 @@
   expected-deviation counts and the worst margin (error / budget).
 - ``write_reports``: ``results.jsonl`` (one record per check, with the
   adapter's environment) and ``matrix.md`` (rule x adapter x dtype x device)
-  with the conformance claims each adapter may make (VER-2).
+  with the conformance claims each adapter may make (VER-2), ``report.html``
+  and ``matrix.png`` (``conformance.html_report``: the page read at a glance).
 """
 
 from __future__ import annotations
@@ -145,4 +146,9 @@ def write_reports(results: list, directory: pathlib.Path) -> list:
             f.write(json.dumps(rec, sort_keys=True, default=str) + "\n")
     md = directory / "matrix.md"
     md.write_text(markdown_matrix(results), encoding="utf-8")
-    return [jsonl, md]
+    from . import html_report
+
+    page = directory / "report.html"
+    page.write_text(html_report.html_page(results), encoding="utf-8")
+    png = directory / "matrix.png"
+    return [jsonl, md, page] + ([png] if html_report.matrix_png(results, png) else [])
