@@ -78,6 +78,7 @@ CLI_ONLY = {
             "hf-swin-attention",
             "timm-window-attention",
             "hf-bert-relative-key",
+            "hf-esm-relative-key",
             "hf-t5-attention",
             "keras-hub-alibi",
         ],

@@ -56,3 +56,19 @@ def test_a_cached_prefill_puts_every_query_at_the_last_key():
     at_last = numpy_ref.attention(SPEC, params, x, x, x, q_positions=np.full(5, 4))
     assert _rel(out, at_last) < 1e-13
     assert _rel(out, numpy_ref.attention(SPEC, params, x)) > 0.1
+
+
+def test_esm_relative_key_is_the_same_shaw_term_with_a_float32_softmax():
+    """ESM scales the query by d ** -0.5 before both products, which is the same scaled relative term (SCALE-3):
+    in float32 EsmSelfAttention(relative_key) equals numpy_ref to float32 rounding; in float64 it stays at
+    float32's (its softmax is float32)."""
+    from conformance.adapters.hf_bert import HFEsmRelativeKeyAdapter
+
+    esm = HFEsmRelativeKeyAdapter()
+    params, x = _call()
+    want = numpy_ref.attention(SPEC, params, x)
+    f32 = {n: a.astype(np.float32) for n, a in params.items()}
+    out32 = esm.forward(SPEC, f32, {"query": x.astype(np.float32)}, device="cpu", need_weights=False)["out"]
+    assert _rel(out32, want) < 200 * 2.0**-24
+    out64 = esm.forward(SPEC, params, {"query": x}, device="cpu", need_weights=False)["out"]
+    assert 1e-12 < _rel(out64, want) < 1e-5

@@ -46,6 +46,7 @@ BUILTIN = {
     "hf-swin-attention": "conformance.adapters.hf_bias_layers:HFSwinAttentionAdapter",
     "timm-window-attention": "conformance.adapters.timm_swin:TimmWindowAttentionAdapter",
     "hf-bert-relative-key": "conformance.adapters.hf_bert:HFBertRelativeKeyAdapter",
+    "hf-esm-relative-key": "conformance.adapters.hf_bert:HFEsmRelativeKeyAdapter",
     "hf-t5-attention": "conformance.adapters.hf_bias_layers:HFT5AttentionAdapter",
     "keras-hub-rope": "conformance.adapters.jax_rope_libs:KerasHubRopeAdapter",
     "gemma-rope": "conformance.adapters.jax_rope_libs:GemmaRopeAdapter",

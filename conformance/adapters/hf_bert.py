@@ -45,6 +45,7 @@ class HFBertRelativeKeyAdapter(_LayerAdapter):
     projections = BERT_PROJECTIONS
     table = "distance_embedding.weight"
     table_param = "rel_k"
+    cross_attention = True  # encoder_hidden_states carries the keys (and, by the hooks, the values)
 
     def unavailable(self):
         missing = _torch.torch_available()
@@ -146,6 +147,53 @@ class HFBertRelativeKeyAdapter(_LayerAdapter):
             )
         if t.get("bias") is not None:
             mask = t["bias"] if mask is None else mask + t["bias"]
-        cross = t.get("key")  # the key and value linears read their own inputs (hooks)
+        cross = t.get("key") if self.cross_attention else None  # the k, v linears read their own inputs (hooks)
         context, weights = m(x, attention_mask=mask, encoder_hidden_states=cross, output_attentions=True)
         return m.out_proj(context), weights
+
+
+class HFEsmRelativeKeyAdapter(HFBertRelativeKeyAdapter):
+    """ESM's ``EsmSelfAttention(relative_key)``: BERT's term, with the query scaled by ``d ** -0.5`` before both
+    products (so the relative term is scaled too, SCALE-3) and a float32 softmax; self-attention only (its key
+    and value heads are viewed with the query's length)."""
+
+    name = "hf-esm-relative-key"
+    cross_attention = False  # its cross-attention swaps in encoder_attention_mask; self-attention here
+    description = "transformers 4.x EsmSelfAttention(position_embedding_type='relative_key'), weights loaded"
+
+    def unavailable(self):
+        reason = super().unavailable()
+        if reason:
+            return reason
+        import inspect
+
+        from transformers.models.esm.modeling_esm import EsmSelfAttention
+
+        if "position_embedding_type" not in inspect.signature(EsmSelfAttention.__init__).parameters:
+            return f"this transformers has no ESM relative_key attention; in an environment of its own: {HF4_INSTALL}"
+        return None
+
+    def capabilities(self):
+        caps = super().capabilities()
+        notes = {**caps.notes, "cross-attention": "EsmSelfAttention views k and v with the query's length"}
+        return Capabilities(
+            devices=caps.devices, features=caps.features - {"cross-attention"}, notes=notes, requires=caps.requires
+        )
+
+    def build(self, spec, dtype, device):
+        import torch
+        from transformers import EsmConfig
+        from transformers.models.esm.modeling_esm import EsmSelfAttention
+
+        config = EsmConfig(
+            vocab_size=33,
+            hidden_size=spec.num_heads * spec.head_dim,
+            num_attention_heads=spec.num_heads,
+            max_position_embeddings=_glue.scheme(spec, "shaw").max_distance + 1,
+            position_embedding_type="relative_key",
+            attention_probs_dropout_prob=0.0,
+            attn_implementation="eager",
+        )
+        m = EsmSelfAttention(config, layer_idx=0)
+        m.out_proj = torch.nn.Linear(spec.num_heads * spec.head_dim, spec.model_dim)  # OUT-1: wo, bo
+        return m.to(device=device, dtype=_torch.torch_dtype(dtype)).eval()
