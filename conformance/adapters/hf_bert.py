@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _glue, _hf_layers, _torch
+from . import _glue, _torch
 from .base import Capabilities
 from .hf_bias_layers import _LayerAdapter
 
@@ -116,22 +116,6 @@ class HFBertRelativeKeyAdapter(_LayerAdapter):
 
     def from_table(self, table):
         return np.asarray(table)[::-1]
-
-    def forward(self, spec, params, inputs, *, device, need_weights):
-        import torch
-
-        m = self.layer(spec, params, device)
-        t = {n: _torch.to_torch(inputs[n], device) for n in ("query", "key", "value", "bias") if n in inputs}
-        with torch.no_grad(), self.own_inputs(m, t):
-            out, weights = self.call(spec, m, t, inputs, training=False)
-        res = {"out": _torch.to_numpy(out)}
-        if need_weights:
-            res["weights"] = _torch.to_numpy(weights)
-        return res
-
-    def own_inputs(self, m, t):
-        key = t.get("key", t["query"])
-        return _hf_layers.own_inputs(m, {"key": key, "value": t.get("value", key)})
 
     def call(self, spec, m, t, inputs, *, training):
         import torch

@@ -30,6 +30,8 @@ Axis legend (AXES-1): B, H, Lq, Lk, D, d; R table rows; N = Wh * Ww tokens.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from . import _glue, _hf_layers, _torch
@@ -80,8 +82,10 @@ class _LayerAdapter(_torch.TorchAdapter):
         return _hf_layers.gradients(m, self.projections)
 
     def own_inputs(self, m, t: dict):
-        """A context in which the key and value projections read t["key"] and t["value"] (the partials)."""
-        return _hf_layers.own_inputs(m, {self.projections[1][0]: t["key"], self.projections[2][0]: t["value"]})
+        """A context in which the key and value projections read t["key"] and t["value"] (the partials; the
+        query where a self-attention call has none)."""
+        key = t.get("key", t["query"])
+        return _hf_layers.own_inputs(m, {self.projections[1][0]: key, self.projections[2][0]: t.get("value", key)})
 
     def layer(self, spec, params: dict, device: str):
         import torch
@@ -108,8 +112,10 @@ class _LayerAdapter(_torch.TorchAdapter):
         import torch
 
         m = self.layer(spec, params, device)
-        t = {n: _torch.to_torch(inputs[n], device) for n in ("query", "bias") if inputs.get(n) is not None}
-        with torch.no_grad():
+        names = ("query", "key", "value", "bias")
+        t = {n: _torch.to_torch(inputs[n], device) for n in names if inputs.get(n) is not None}
+        split = self.own_inputs(m, t) if "key" in t else contextlib.nullcontext()  # cross-attention: k, v apart
+        with torch.no_grad(), split:
             out, weights = self.call(spec, m, t, inputs, training=False)
         res = {"out": _torch.to_numpy(out)}
         if need_weights:

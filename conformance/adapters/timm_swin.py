@@ -13,7 +13,7 @@ the ``bias`` input of the cases), a softmax in the input dtype.
 The packed ``qkv`` reads one input, so for the partials with respect to
 query, key and value a forward hook recomputes its output from three inputs
 with its own weight and bias (``x_q Wq^T + bq``, ``x_k Wk^T + bk``,
-``x_v Wv^T + bv``), in gradient calls only.
+``x_v Wv^T + bv``; in a forward call all three are the query).
 
 timm imports torchvision, whose PyPI build that matches the pinned PyTorch
 (0.28 for 2.13) does not import beside PyTorch's CPU build; ``.ci/run``
@@ -100,7 +100,9 @@ class TimmWindowAttentionAdapter(SwinWindowLayer):
         def three_inputs(module, args, output):
             W = module.weight.chunk(3)
             b = (None, None, None) if module.bias is None else module.bias.chunk(3)
-            parts = [torch.nn.functional.linear(t[n], w, c) for n, w, c in zip(("query", "key", "value"), W, b)]
+            key = t.get("key", t["query"])
+            inputs = (t["query"], key, t.get("value", key))
+            parts = [torch.nn.functional.linear(x, w, c) for x, w, c in zip(inputs, W, b)]
             return torch.cat(parts, dim=-1)
 
         hook = m.qkv.register_forward_hook(three_inputs)
