@@ -94,20 +94,27 @@ class HFBertRelativeKeyAdapter(_LayerAdapter):
             )
         return None
 
-    def build(self, spec, dtype, device):
-        import torch
+    def classes(self) -> tuple:
+        """(config class, layer class, extra config fields) of the model."""
         from transformers import BertConfig
         from transformers.models.bert.modeling_bert import BertSelfAttention
 
-        config = BertConfig(
+        return BertConfig, BertSelfAttention, {}
+
+    def build(self, spec, dtype, device):
+        import torch
+
+        config_class, layer_class, extra = self.classes()
+        config = config_class(
             hidden_size=spec.num_heads * spec.head_dim,
             num_attention_heads=spec.num_heads,
             max_position_embeddings=_glue.scheme(spec, "shaw").max_distance + 1,
             position_embedding_type="relative_key",
             attention_probs_dropout_prob=0.0,
             attn_implementation="eager",
+            **extra,
         )
-        m = BertSelfAttention(config, layer_idx=0)
+        m = layer_class(config, layer_idx=0)
         m.out_proj = torch.nn.Linear(spec.num_heads * spec.head_dim, spec.model_dim)  # OUT-1: wo, bo
         return m.to(device=device, dtype=_torch.torch_dtype(dtype)).eval()
 
@@ -164,20 +171,8 @@ class HFEsmRelativeKeyAdapter(HFBertRelativeKeyAdapter):
             devices=caps.devices, features=caps.features - {"cross-attention"}, notes=notes, requires=caps.requires
         )
 
-    def build(self, spec, dtype, device):
-        import torch
+    def classes(self):
         from transformers import EsmConfig
         from transformers.models.esm.modeling_esm import EsmSelfAttention
 
-        config = EsmConfig(
-            vocab_size=33,
-            hidden_size=spec.num_heads * spec.head_dim,
-            num_attention_heads=spec.num_heads,
-            max_position_embeddings=_glue.scheme(spec, "shaw").max_distance + 1,
-            position_embedding_type="relative_key",
-            attention_probs_dropout_prob=0.0,
-            attn_implementation="eager",
-        )
-        m = EsmSelfAttention(config, layer_idx=0)
-        m.out_proj = torch.nn.Linear(spec.num_heads * spec.head_dim, spec.model_dim)  # OUT-1: wo, bo
-        return m.to(device=device, dtype=_torch.torch_dtype(dtype)).eval()
+        return EsmConfig, EsmSelfAttention, {"vocab_size": 33}

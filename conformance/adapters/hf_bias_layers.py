@@ -257,22 +257,9 @@ class HFT5AttentionAdapter(_LayerAdapter):
         return None
 
     def build(self, spec, dtype, device):
-        from transformers import T5Config
-        from transformers.models.t5.modeling_t5 import T5Attention
+        from .torch_bias_libs import t5_layer
 
-        t5 = _glue.scheme(spec, "t5")
-        config = T5Config(
-            d_model=spec.model_dim,
-            d_kv=spec.head_dim,
-            num_heads=spec.num_heads,
-            relative_attention_num_buckets=t5.num_buckets,
-            relative_attention_max_distance=t5.max_distance,
-            dropout_rate=0.0,
-            is_decoder=not t5.bidirectional,
-            attn_implementation="eager",
-        )
-        m = T5Attention(config, has_relative_attention_bias=True, layer_idx=0)
-        return m.to(device=device, dtype=_torch.torch_dtype(dtype)).eval()
+        return t5_layer(spec).to(device=device, dtype=_torch.torch_dtype(dtype)).eval()
 
     def to_table(self, rel_b):  # relative_attention_bias (N, H): rel_b transposed, the same bucket order
         return np.asarray(rel_b).T

@@ -121,6 +121,18 @@ def with_table(module, weight: str, rel_b, method: str, *args, **kwargs):
     return functional_call(Call(), {f"module.{weight}": rel_b.T}, (), strict=False)
 
 
+def pair_deltas(qp, kp, device):
+    """POS-2: key minus query position of every pair, (1|B, Lq, Lk) int64, from (1|B, L) positions."""
+    return _torch.to_torch(kp[:, None, :] - qp[:, :, None], device)
+
+
+def bucket_bias(module, rel_b, buckets):
+    """(1|B, H, Lq, Lk): the module's own ``relative_attention_bias`` embedding (both T5 libraries name it so)
+    read at ``buckets`` (1|B, Lq, Lk), with the canonical table ``rel_b`` (H, N) as its weight."""
+    values = with_table(module, "relative_attention_bias.weight", rel_b, "relative_attention_bias", buckets)
+    return values.permute(0, 3, 1, 2)
+
+
 # ------------------------------------------------------------------ x-transformers
 def xt_unavailable():
     missing = _torch.torch_available()
@@ -190,12 +202,10 @@ class XTT5Adapter(_XTAdapter):
         def bias(t, qp, kp):
             if own:  # the positions x-transformers makes: its forward(i, j)
                 return with_table(m, "relative_attention_bias.weight", t["rel_b"], "forward", Lq, Lk)[None]
-            delta = _torch.to_torch(kp[:, None, :] - qp[:, :, None], device)  # (1|B, Lq, Lk), POS-2
             buckets = m._relative_position_bucket(
-                delta, causal=m.causal, num_buckets=m.num_buckets, max_distance=m.max_distance
+                pair_deltas(qp, kp, device), causal=m.causal, num_buckets=m.num_buckets, max_distance=m.max_distance
             )
-            values = with_table(m, "relative_attention_bias.weight", t["rel_b"], "relative_attention_bias", buckets)
-            return values.permute(0, 3, 1, 2) * m.scale  # (1|B, H, Lq, Lk)
+            return bucket_bias(m, t["rel_b"], buckets) * m.scale
 
         return bias
 
@@ -211,7 +221,7 @@ class HFT5BiasAdapter(_BiasAdapter):
         return transformers_unavailable()
 
     def bias_fn(self, spec, inputs, dtype, device):
-        layer = t5_layer(spec, has_bias=True).to(device=device, dtype=_torch.torch_dtype(dtype))
+        layer = t5_layer(spec).to(device=device, dtype=_torch.torch_dtype(dtype))
         Lq = inputs["query"].shape[1]
         Lk = inputs.get("key", inputs["query"]).shape[1]
         qp = _glue.positions(inputs, "q_positions", Lq)
@@ -230,15 +240,13 @@ class HFT5BiasAdapter(_BiasAdapter):
                     device=device,
                     past_seen_tokens=start,
                 )
-            delta = _torch.to_torch(kp[:, None, :] - qp[:, :, None], device)
             buckets = layer._relative_position_bucket(
-                delta,
+                pair_deltas(qp, kp, device),
                 bidirectional=not layer.is_decoder,
                 num_buckets=layer.relative_attention_num_buckets,
                 max_distance=layer.relative_attention_max_distance,
             )
-            values = with_table(layer, "relative_attention_bias.weight", t["rel_b"], "relative_attention_bias", buckets)
-            return values.permute(0, 3, 1, 2)
+            return bucket_bias(layer, t["rel_b"], buckets)
 
         return bias
 
@@ -260,12 +268,11 @@ def t5_config(spec):
     )
 
 
-def t5_layer(spec, *, has_bias: bool):
-    """One T5Attention (float32, eval mode) of the spec."""
+def t5_layer(spec):
+    """One T5Attention with its relative bias (float32, eval mode) of the spec."""
     from transformers.models.t5.modeling_t5 import T5Attention
 
-    config = t5_config(spec)
-    return T5Attention(config, has_relative_attention_bias=has_bias, layer_idx=0).eval()
+    return T5Attention(t5_config(spec), has_relative_attention_bias=True, layer_idx=0).eval()
 
 
 # ------------------------------------------------------------- ALiBi builders
