@@ -7,6 +7,7 @@ new cases get new ids.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from spec import Alibi, AttentionSpec, Huang, Rope, Shaw, Swin, T5Bias, dynamic_ntk_alpha, profiles
@@ -585,6 +586,154 @@ def _cases() -> list[Case]:
             replace(H8, relative=Huang(1), causal=True),
             D6,
             self_attention=True,
+        )
+    )
+
+    # ------------------------------------------- Shaw's key-side term (SHAW-6, SHAW-7)
+    # BERT's relative_key_query: the key-side term reads rel_k, with every distance of the call in the
+    # table (BERT cannot clip), scaled with the rest (SHAW-7); ESM leaves it unscaled
+    KS = replace(S2, relative=Shaw(8, values=False, key_side="shared"))
+    add(
+        Case(
+            "shaw-key-side/k2/self/shared",
+            CORE + REL + SHAW + ("SHAW-6", "SHAW-7"),
+            replace(S2, relative=Shaw(2, values=False, key_side="shared")),
+            D6,
+            self_attention=True,
+        )
+    )
+    add(
+        Case(
+            "shaw-key-side/k8/self/shared-within-reach-padding",
+            REL + ("SHAW-1", "SHAW-2", "SHAW-3", "SHAW-6", "SHAW-7", "MASK-1", "MASK-7"),
+            KS,
+            Dims(2, 9, 9),
+            self_attention=True,
+            recipes=(Mask("B11K", dead_keys=1),),
+        )
+    )
+    add(
+        Case(
+            "shaw-key-side/k8/self/shared-unscaled",
+            REL + ("SHAW-1", "SHAW-2", "SHAW-3", "SHAW-6", "SHAW-7"),
+            replace(S2, relative=Shaw(8, values=False, key_side="shared", key_side_scaled=False)),
+            Dims(2, 9, 9),
+            self_attention=True,
+        )
+    )
+    # DeBERTa's two relative terms: content-to-position (the key term) and position-to-content (the
+    # key-side term, its own per-head table), all three logits under one scale 1 / sqrt(3 d)
+    add(
+        Case(
+            "shaw-key-side/k2/cross/own-table-per-head-scale",
+            REL + SHAW + ("SHAW-6", "SHAW-7", "SCALE-1", "POS-1", "POS-2"),
+            replace(
+                S2,
+                scale=1.0 / math.sqrt(3 * S2.head_dim),
+                relative=Shaw(2, values=False, per_head=True, key_side="own"),
+            ),
+            CROSS,
+            recipes=(Positions("random"),),
+        )
+    )
+    add(
+        Case(
+            "shaw-key-side/k2/cross/own-only-causal-bottom-right",
+            ("REL-1", "REL-3", "SHAW-1", "SHAW-2", "SHAW-6", "SHAW-7", "CAUSAL-1", "POS-3"),
+            replace(S2, relative=Shaw(2, keys=False, values=False, key_side="own"), causal=True),
+            Dims(2, 3, 7),
+            recipes=(Positions("bottom-right"),),
+        )
+    )
+    # every Shaw term, unscaled (ALBERT adds its relative terms after the scale: s_rel = 1 for both)
+    add(
+        Case(
+            "shaw-key-side/k2/self/all-terms-unscaled-relative",
+            REL + SHAW + ("SHAW-6", "SHAW-7"),
+            replace(S2, relative=Shaw(2, key_side="own"), scale_relative=False),
+            D6,
+            self_attention=True,
+        )
+    )
+    add(
+        Case(
+            "shaw-key-side/gqa/cross/shared-per-head-dropout-mask",
+            REL + SHAW + ("SHAW-6", "HEAD-3", "DROP-1", "DROP-4", "MASK-2"),
+            AttentionSpec(
+                num_heads=4,
+                head_dim=2,
+                num_kv_heads=2,
+                relative=Shaw(2, per_head=True, key_side="shared"),
+                dropout=0.25,
+            ),
+            CROSS,
+            recipes=(Mask("B1QK"), Keep()),
+        )
+    )
+    add(
+        Case(
+            "shaw-key-side/k2/cross/fully-masked-rows-dead-keys",
+            ("SHAW-6", "MASK-5", "MASK-7", "GRAD-2"),
+            replace(S2, relative=Shaw(2, values=False, key_side="own")),
+            CROSS,
+            recipes=(Mask("BHQK", empty_rows=1, dead_keys=1),),
+        )
+    )
+    add(
+        Case(
+            "shaw-key-side/k2/cross/softcap",
+            ("SHAW-6", "SHAW-7", "SOFTCAP-1"),
+            replace(S2, relative=Shaw(2, values=False, key_side="shared"), softcap=1.0),
+            CROSS,
+        )
+    )
+
+    # ---------------------------------------------- Huang's value term (HUANG-6)
+    HV = replace(H8, relative=Huang(8, values=True))
+    add(Case("huang-values/M8/self/per-head", CORE + REL + HUANG + ("HUANG-6",), HV, D6, self_attention=True))
+    add(
+        Case(
+            "huang-values/M3/cross/beyond-table",
+            REL + HUANG + ("HUANG-3", "HUANG-6"),
+            replace(H8, relative=Huang(3, values=True)),
+            CROSS,
+        )
+    )
+    # tensor2tensor's causal layer with add_relative_to_values: rows 0 .. M - 1, distances past the table
+    add(
+        Case(
+            "huang-values/M4/self/causal-beyond-table",
+            REL + HUANG + ("HUANG-3", "HUANG-6", "CAUSAL-1"),
+            replace(H8, relative=Huang(4, values=True), causal=True),
+            Dims(2, 9, 9),
+            self_attention=True,
+        )
+    )
+    add(
+        Case(
+            "huang-values/M3/cross/shared-dv5-random-positions",
+            REL + HUANG + ("HUANG-6", "HEAD-4", "POS-1", "POS-2"),
+            replace(H8, relative=Huang(3, per_head=False, values=True), value_head_dim=5),
+            CROSS,
+            recipes=(Positions("random"),),
+        )
+    )
+    add(
+        Case(
+            "huang-values/M4/cross/dropout",
+            ("HUANG-6", "DROP-1", "DROP-4"),
+            replace(H8, relative=Huang(4, values=True), dropout=0.25),
+            CROSS,
+            recipes=(Keep(),),
+        )
+    )
+    add(
+        Case(
+            "huang-values/M3/cross/fully-masked-rows",
+            ("HUANG-6", "MASK-5", "GRAD-2"),
+            replace(H8, relative=Huang(3, values=True)),
+            CROSS,
+            recipes=(Mask("BHQK", empty_rows=1),),
         )
     )
 

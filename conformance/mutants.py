@@ -84,7 +84,7 @@ class RelativeSignFlipped(Mutant):
     description = "relative distance query minus key (tables read mirrored)"
 
     def mutate_params(self, spec, params):
-        for n in ("rel_k", "rel_v"):
+        for n in ("rel_k", "rel_q", "rel_v"):
             if n in params:
                 params[n] = np.flip(params[n], axis=-2).copy()
         return params
@@ -97,7 +97,7 @@ class ShawClipOffByOne(Mutant):
 
     def mutate_params(self, spec, params):
         if _scheme(spec) == "shaw" and spec.relative.max_distance >= 1:
-            for n in ("rel_k", "rel_v"):
+            for n in ("rel_k", "rel_q", "rel_v"):
                 if n in params:
                     t = params[n].copy()
                     t[..., 0, :], t[..., -1, :] = t[..., 1, :], t[..., -2, :]
@@ -214,10 +214,11 @@ class ShawValueTermNotDropped(Mutant):
     rule = "DROP-4"
     description = "dropout applied to the content value term only, not the Shaw value term"
     scheme = "shaw"
+    value_scheme = "shaw"
 
     def forward(self, spec, params, inputs, *, device, need_weights):
         keep = inputs.get("dropout_keep")
-        if keep is None or not (_scheme(spec) == "shaw" and spec.relative.values):
+        if keep is None or not (_scheme(spec) == self.value_scheme and spec.relative.values):
             return super().forward(spec, params, inputs, device=device, need_weights=need_weights)
         kw = {n: inputs[n] for n in KWARGS if n in inputs}
         zero_rel_v = {**params, "rel_v": np.zeros_like(params["rel_v"])}
@@ -235,6 +236,13 @@ class ShawValueTermNotDropped(Mutant):
         return {"out": out, "weights": w} if need_weights else {"out": out}
 
 
+class HuangValueTermNotDropped(ShawValueTermNotDropped):
+    rule = "DROP-4"
+    description = "dropout applied to the content value term only, not the Huang value term"
+    scheme = "huang"
+    value_scheme = "huang"
+
+
 class HuangClipped(Mutant):
     rule = "HUANG-3"
     description = "Huang distances beyond the table clipped to the edge rows (Shaw's rule) instead of zero"
@@ -243,7 +251,7 @@ class HuangClipped(Mutant):
     def mutate_spec(self, spec):
         r = spec.relative
         if _scheme(spec) == "huang":
-            return replace(spec, relative=Shaw(r.max_len - 1, values=False, per_head=r.per_head))
+            return replace(spec, relative=Shaw(r.max_len - 1, values=r.values, per_head=r.per_head))
         return spec
 
 
@@ -1119,6 +1127,57 @@ def _name(cls) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "-", cls.__name__).lower().replace("na-n", "nan")
 
 
+class KeySideReadsQuery(Mutant):
+    rule = "SHAW-6"
+    description = "Shaw's key-side term computed from the query (a second key term) instead of the key"
+    scheme = "shaw"
+
+    def mutate_spec(self, spec):
+        r = spec.relative
+        if _scheme(spec) == "shaw" and r.key_side:
+            return replace(spec, relative=replace(r, keys=True, key_side=None, key_side_scaled=True))
+        return spec
+
+    def mutate_params(self, spec, params):
+        r = spec.relative
+        if _scheme(spec) == "shaw" and r.key_side:  # q . (rel_k + f rel_q): the key-side table read by the query
+            f = spec.key_side_scale / spec.relative_scale
+            side = params.pop("rel_q") if r.key_side == "own" else params["rel_k"]
+            params["rel_k"] = (params["rel_k"] if r.keys else 0.0) + f * side
+        return params
+
+
+class KeySideScaleIgnored(Mutant):
+    rule = "SHAW-7"
+    description = "Shaw's key-side term scaled when key_side_scaled is False, unscaled when it is True"
+    scheme = "shaw"
+
+    def mutate_spec(self, spec):
+        r = spec.relative
+        if _scheme(spec) == "shaw" and r.key_side:
+            return replace(spec, relative=replace(r, key_side_scaled=not r.key_side_scaled))
+        return spec
+
+
+class KeySideDistanceMirrored(Mutant):
+    rule = "SHAW-6"
+    description = "Shaw's key-side term read at query minus key (its table mirrored), the key term right"
+    scheme = "shaw"
+
+    def mutate_spec(self, spec):
+        r = spec.relative
+        if _scheme(spec) == "shaw" and r.key_side == "shared":
+            return replace(spec, relative=replace(r, key_side="own"))
+        return spec
+
+    def mutate_params(self, spec, params):
+        r = spec.relative
+        if _scheme(spec) == "shaw" and r.key_side:
+            side = params["rel_k"] if r.key_side == "shared" else params["rel_q"]
+            params["rel_q"] = np.flip(side, axis=-2).copy()
+        return params
+
+
 MUTANTS = {
     _name(c): c
     for c in (
@@ -1135,6 +1194,10 @@ MUTANTS = {
         CausalAlignmentFlipped,
         ShawValueTermNotDropped,
         HuangClipped,
+        HuangValueTermNotDropped,
+        KeySideReadsQuery,
+        KeySideScaleIgnored,
+        KeySideDistanceMirrored,
         DeadKeysLeak,
         WeightsAfterDropout,
         WeightsNotTransposed,

@@ -4,7 +4,7 @@ Kernels are kept in Flax's layout (``interop.flax_layout``): ``q_kernel``
 ``(D, H, d)``, ``k_kernel`` ``(D, Hkv, d)``, ``v_kernel`` ``(D, Hkv, dv)``
 with biases ``(H, d)``, ``(Hkv, d)``, ``(Hkv, dv)``, ``out_kernel``
 ``(H, dv, D)`` with bias ``(D,)`` — as ``nnx.MultiHeadAttention`` keeps them
-— and the scheme's tables (``TABLES``: ``rel_k``, ``rel_v``, ``rel_b``) of the
+— and the scheme's tables (``TABLES``: ``rel_k``, ``rel_q``, ``rel_v``, ``rel_b``) of the
 canonical shape. Every shape comes from ``spec.param_shapes()`` (PARAM-1,
 HEAD-3, HEAD-4). Reshaping is the exact conversion to and from the
 canonical weights (contiguous heads, HEAD-1; PARAM-3).
@@ -34,11 +34,12 @@ ATTRS = {
     "bv": "v_bias",
     "bo": "out_bias",
     "rel_k": "rel_k",
+    "rel_q": "rel_q",
     "rel_v": "rel_v",
     "rel_b": "rel_b",
 }
 #: the canonical tables a position scheme may add (PARAM-1), kept in their canonical shape
-TABLES = ("rel_k", "rel_v", "rel_b")
+TABLES = ("rel_k", "rel_q", "rel_v", "rel_b")
 
 
 class MultiHeadAttention(nnx.Module):

@@ -35,7 +35,7 @@ def backward(spec: AttentionSpec, trace: Trace, grad_out: np.ndarray) -> dict:
     """The VJP of ``forward.run`` (GRAD-1, GRAD-2): every input and parameter gradient by name.
 
     The scheme's hooks are differentiated in the reverse of the REL-3 order:
-    value term, bias, key term, q/k transform.
+    value term, bias, key-side term, key term, q/k transform.
     """
     call = trace.call
     p = call.params
@@ -81,6 +81,10 @@ def backward(spec: AttentionSpec, trace: Trace, grad_out: np.ndarray) -> dict:
         dq_term, g = hooks.call("key_term_vjp", p, saved["key_term"], spec.relative_scale * d_logits)
         _add_grads(grads, g)
         d_q = d_q + dq_term
+    if hooks.uses("key_side_term"):  # REL-3 (2b), SHAW-7
+        dk_term, g = hooks.call("key_side_term_vjp", p, saved["key_side_term"], spec.key_side_scale * d_logits)
+        _add_grads(grads, g)
+        d_k = d_k + dk_term
     if hooks.uses("qk_transform"):  # REL-3 (1): back to the q, k of the head split
         d_q, d_k, g = hooks.call("qk_transform_vjp", p, saved["qk_transform"], d_q, d_k)
         _add_grads(grads, g)

@@ -60,6 +60,7 @@ def attention(
     dv = d if spec.value_head_dim is None else spec.value_head_dim  # HEAD-4
     s = spec.scale if spec.scale is not None else 1.0 / math.sqrt(d)  # SCALE-1: d, not dv
     s_rel = s if spec.scale_relative else 1.0  # SCALE-3
+    s_side = s_rel if getattr(spec.relative, "key_side_scaled", True) else 1.0  # SHAW-7
     left, right = (None, None) if spec.window is None else spec.window  # WINDOW-1
     zeros = np.zeros(max(D, H * dv))
     bq, bk, bv, bo = (p.get(n, zeros) for n in ("bq", "bk", "bv", "bo"))
@@ -98,6 +99,8 @@ def attention(
                     term = s * _dot(Q[h][i], K[h][j])  # SCALE-2
                     if hooks.uses("key_term"):  # REL-3 (2), REL-1, SCALE-3
                         term += s_rel * hooks.call("literal_key_term", p, h, Q[h][i], qp, kp)
+                    if hooks.uses("key_side_term"):  # REL-3 (2b), SHAW-6, SHAW-7
+                        term += s_side * hooks.call("literal_key_side_term", p, h, K[h][j], qp, kp)
                     if spec.softcap is not None:  # SOFTCAP-1: before biases and masks
                         term = spec.softcap * math.tanh(term / spec.softcap)
                     if hooks.uses("bias"):  # REL-3 (3): unscaled

@@ -2,7 +2,7 @@
 
     k, v            = the key/value head of each query head     (HEAD-3)
     q, k            = qk_transform(q, k)                       (scheme hook 1)
-    score[b,h,i,j]  = s * q_i . k_j  +  s_rel * key_term(i, j)
+    score[b,h,i,j]  = s * q_i . k_j  +  s_rel * key_term(i, j)  +  s_side * key_side_term(i, j)
     logits[b,h,i,j] = cap(score)  +  scheme_bias(i, j)  +  bias[b,h,i,j]      (cap: SOFTCAP-1, or none)
     w               = softmax_j over allowed keys          (zero elsewhere)
     o_i             = sum_j w'_ij v_j  +  value_term(w')_i           w' = dropout(w)
@@ -67,7 +67,7 @@ def run(spec: AttentionSpec, call: Call) -> Trace:
     """The forward pass over a validated call, keeping every intermediate.
 
     The scheme's hooks are applied in the order of REL-3: q/k transform, key
-    term (times s_rel, SCALE-3), bias (unscaled), value term (after dropout,
+    term (times s_rel, SCALE-3), key-side term (SHAW-7), bias (unscaled), value term (after dropout,
     DROP-4).
     """
     p = call.params
@@ -98,6 +98,9 @@ def run(spec: AttentionSpec, call: Call) -> Trace:
     if hooks.uses("key_term"):  # REL-3 (2), REL-1
         term, saved["key_term"] = hooks.call("key_term", p, q, ctx)
         logits = logits + spec.relative_scale * term  # SCALE-3
+    if hooks.uses("key_side_term"):  # REL-3 (2b): from each query head's key head (SHAW-6)
+        term, saved["key_side_term"] = hooks.call("key_side_term", p, k, ctx)
+        logits = logits + spec.key_side_scale * term  # SHAW-7
     capped = None
     if spec.softcap is not None:  # SOFTCAP-1: the score, before every bias and mask
         logits, capped = softcap(logits, spec.softcap)

@@ -2,7 +2,7 @@
 
 The scheme modules (``numpy_ref/schemes/``) build their hooks from these
 units (REL-3); the index helpers are also what the conformance checks use.
-Rules SHAW-1..SHAW-5, HUANG-1..HUANG-5, REL-1, REL-2. Nothing here builds an
+Rules SHAW-1..SHAW-7, HUANG-1..HUANG-6, REL-1, REL-2. Nothing here builds an
 array of shape (Lq, Lk, d): a relative term is always ``q @ table.T`` (one
 logit per query and table row) followed by an index operation on the last
 axis, and the Shaw value term goes the other way round (weights summed per
@@ -72,6 +72,25 @@ def gather_logits(q: np.ndarray, table4: np.ndarray, index: np.ndarray) -> np.nd
 def gather_logits_vjp(q: np.ndarray, table4: np.ndarray, index: np.ndarray, g: np.ndarray):
     """VJP of ``gather_logits``: (dq, dtable4) from g (B, H, Lq, Lk) (GRAD-1)."""
     return rows_logits_vjp(q, table4, scatter_buckets(g, index, table4.shape[-2]))
+
+
+def gather_key_side(k: np.ndarray, table4: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """SHAW-6: out[b, h, i, j] = k_j . table[index[b, i, j]], as ``k @ table.T`` (B, H, Lk, R) then a
+    gather along the rows for each key.
+
+    k (B, H, Lk, d), table4 (1|B, 1|H, R, d), index (1|B, Lq, Lk) -> (B, H, Lq, Lk).
+    """
+    return np.take_along_axis(rows_logits(k, table4).swapaxes(-1, -2), index[:, None], axis=-2)
+
+
+def gather_key_side_vjp(k: np.ndarray, table4: np.ndarray, index: np.ndarray, g: np.ndarray):
+    """VJP of ``gather_key_side``: (dk (B, H, Lk, d), dtable4) from g (B, H, Lq, Lk) (GRAD-1).
+
+    Key j's row gradients sum g over the queries that read each row: the bucket sum of the
+    transposed problem.
+    """
+    g_rows = scatter_buckets(g.swapaxes(-1, -2), index.swapaxes(-1, -2), table4.shape[-2])  # (B, H, Lk, R)
+    return rows_logits_vjp(k, table4, g_rows)
 
 
 # ------------------------------------------------------------------------- Shaw

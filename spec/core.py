@@ -26,7 +26,7 @@ from .shaw import Shaw
 
 __all__ = ["AttentionSpec", "Shaw", "Huang", "Rope", "SPEC_VERSION"]
 
-SPEC_VERSION = "1.5.0"
+SPEC_VERSION = "1.6.0"
 
 
 @dataclass(frozen=True)
@@ -148,6 +148,11 @@ class AttentionSpec:
     def relative_scale(self) -> float:
         """The factor on the relative key term: s, or 1 without scale_relative [SCALE-3]."""
         return self.effective_scale if self.scale_relative else 1.0
+
+    @property
+    def key_side_scale(self) -> float:
+        """The factor on a key-side term: s_rel, or 1 when the scheme's ``key_side_scaled`` is False [SHAW-7]."""
+        return self.relative_scale if getattr(self.relative, "key_side_scaled", True) else 1.0
 
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
         """The canonical parameter names and shapes [PARAM-1, HEAD-3, HEAD-4], in canonical order."""

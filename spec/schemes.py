@@ -1,9 +1,10 @@
 """Position schemes as units (rules REL-1, REL-3, REL-4).
 
 A scheme says *what* a relative position encoding adds to attention, through
-at most four hooks (HOOKS): a transform of q and k (RoPE), a
-query-dependent key term (Shaw keys, Huang), a query-independent bias
-(ALiBi, T5, Swin) and a value term (Shaw values). *How* it is computed is
+at most five hooks (HOOKS): a transform of q and k (RoPE), a
+query-dependent key term (Shaw keys, Huang), a key-dependent key-side term
+(Shaw's ``key_side``), a query-independent bias (ALiBi, T5, Swin) and a
+value term (Shaw values, Huang values). *How* it is computed is
 each backend's business: every backend (``numpy_ref``, ``torch_impl``,
 ``jax_impl``, the naive emulation in ``conformance``) has one module per
 scheme, found through its own registry by ``Scheme.name``; nothing else
@@ -23,7 +24,7 @@ from typing import Any, ClassVar
 __all__ = ["HOOKS", "ModuleRegistry", "Scheme", "register", "unregister", "scheme_classes", "scheme_from_json"]
 
 #: The hook kinds, in the order the core applies them (REL-3).
-HOOKS = ("qk_transform", "key_term", "bias", "value_term")
+HOOKS = ("qk_transform", "key_term", "key_side_term", "bias", "value_term")
 
 _REGISTRY: dict[str, type] = {}
 

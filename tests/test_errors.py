@@ -314,7 +314,16 @@ def test_init_params_seed_must_be_an_int():
             "AttentionSpec.window: expected at least one bound (window=(None, None) allows every key; use window=None), got (None, None)",
         ),
         (lambda: Shaw(-1), ValueError, "Shaw.max_distance: expected an int >= 0, got -1"),
-        (lambda: Shaw(2, keys=False, values=False), ValueError, "Shaw: expected keys=True or values=True"),
+        (lambda: Shaw(2, keys=False, values=False), ValueError, "Shaw: expected keys=True, values=True or a key_side"),
+        (lambda: Shaw(2, key_side="both"), ValueError, "Shaw.key_side: expected one of (None, 'shared', 'own')"),
+        (
+            lambda: Shaw(2, keys=False, key_side="shared"),
+            ValueError,
+            "Shaw.key_side: expected keys=True with key_side='shared'",
+        ),
+        (lambda: Shaw(2, key_side="own", key_side_scaled=0), TypeError, "Shaw.key_side_scaled: expected a bool"),
+        (lambda: Shaw(2, key_side_scaled=False), ValueError, "Shaw.key_side_scaled: expected True without a key_side"),
+        (lambda: Huang(2, values=1), TypeError, "Huang.values: expected a bool, got 1 of type int"),
         (lambda: Shaw(2, per_head="yes"), TypeError, "Shaw.per_head: expected a bool, got 'yes' of type str"),
         (lambda: Huang(0), ValueError, "Huang.max_len: expected an int >= 1, got 0"),
         # ROPE-2: channels rotate in pairs, inside the head

@@ -49,10 +49,17 @@ def test_scheme_hooks_give_the_table_rows():
     delta = DELTAS.reshape(1, 1, -1)
     index, valid = hooks_for(Shaw(2)).key_index(Shaw(2), delta)
     assert valid is None and index.tolist() == [[[0, 0, 0, 0, 1, 2, 3, 4, 4, 4, 4]]]
-    assert hooks_for(Shaw(2)).value_index(Shaw(2), delta).tolist() == [[[0, 0, 0, 0, 1, 2, 3, 4, 4, 4, 4]]]
-    index, valid = hooks_for(Huang(3)).key_index(Huang(3), delta)
-    assert valid.tolist() == [[[False] * 3 + [True] * 5 + [False] * 3]]
-    assert index.tolist() == [[[0, 0, 0, 0, 1, 2, 3, 4, 0, 0, 0]]]
+    index, valid = hooks_for(Shaw(2)).value_index(Shaw(2), delta)
+    assert valid is None and index.tolist() == [[[0, 0, 0, 0, 1, 2, 3, 4, 4, 4, 4]]]
+    for own in ("shared", "own"):  # SHAW-6: the key-side term reads SHAW-2's rows of rel_k or of rel_q
+        scheme = Shaw(2, key_side=own)
+        table, index = hooks_for(scheme).key_side_index(scheme, delta)
+        assert table == {"shared": "rel_k", "own": "rel_q"}[own]
+        assert index.tolist() == [[[0, 0, 0, 0, 1, 2, 3, 4, 4, 4, 4]]]
+    for hook in ("key_index", "value_index"):  # HUANG-3, HUANG-6: absent beyond the table, not clipped
+        index, valid = getattr(hooks_for(Huang(3)), hook)(Huang(3, values=True), delta)
+        assert valid.tolist() == [[[False] * 3 + [True] * 5 + [False] * 3]]
+        assert index.tolist() == [[[0, 0, 0, 0, 1, 2, 3, 4, 0, 0, 0]]]
 
 
 def test_unknown_scheme_is_a_value_error_naming_the_registered_ones():
@@ -64,8 +71,8 @@ def test_unknown_scheme_is_a_value_error_naming_the_registered_ones():
 
 
 def test_a_hook_the_scheme_lacks_says_so():
-    with pytest.raises(NotImplementedError, match="scheme 'huang' does not implement the value_term hook"):
-        hooks_for(Huang(3)).value_index(Huang(3), DELTAS)
+    with pytest.raises(NotImplementedError, match="scheme 'huang' does not implement the key_side_term hook"):
+        hooks_for(Huang(3)).key_side_index(Huang(3), DELTAS)
 
 
 # ------------------------------------------------------------------ distances and keys

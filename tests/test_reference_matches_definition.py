@@ -39,6 +39,11 @@ EDGE_SPECS = {
     "huang-M1": AttentionSpec(2, 2, relative=Huang(1)),
     "huang-beyond-table": AttentionSpec(1, 3, relative=Huang(2, per_head=False)),
     "huang-unscaled-causal": AttentionSpec(2, 2, relative=Huang(3), scale_relative=False, causal=True),
+    "shaw-key-side-shared-gqa": AttentionSpec(4, 2, num_kv_heads=2, relative=Shaw(1, key_side="shared")),
+    "shaw-key-side-own-only-unscaled": AttentionSpec(
+        2, 2, relative=Shaw(2, keys=False, values=False, per_head=True, key_side="own", key_side_scaled=False)
+    ),
+    "huang-values-per-head-dv3": AttentionSpec(2, 2, value_head_dim=3, relative=Huang(2, values=True)),
     "mask-fill-causal": AttentionSpec(2, 2, relative=Shaw(1), causal=True, mask_fill=-1e10),
 }
 

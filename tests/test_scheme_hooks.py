@@ -299,6 +299,9 @@ def test_grad1_toy_vjp_equals_central_differences(name):
         (Shaw(2, keys=False), ("value_term",)),
         (Shaw(2, values=False), ("key_term",)),
         (Huang(3), ("key_term",)),
+        (Huang(3, values=True), ("key_term", "value_term")),
+        (Shaw(2, key_side="shared"), ("key_term", "key_side_term", "value_term")),
+        (Shaw(2, keys=False, values=False, key_side="own"), ("key_side_term",)),
         (ToyBiasRotate(), ("qk_transform", "bias")),
     ],
 )

@@ -17,7 +17,7 @@ RULE_REF = re.compile(
 
 
 def test_version_is_semver():
-    assert SPEC_VERSION == "1.5.0"
+    assert SPEC_VERSION == "1.6.0"
     assert re.fullmatch(r"\d+\.\d+\.\d+", SPEC_VERSION)
 
 

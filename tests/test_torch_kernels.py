@@ -466,7 +466,11 @@ def test_sdpa_refuses_a_relative_scheme_and_names_the_kernels_that_can(shaw_laye
         ("sdpa", "keep", "sdpa takes no dropout_keep mask (DROP-1); kernels that can: 'eager', 'tiles'"),
         ("sdpa", "weights", "sdpa does not return the weights (return_weights=True); kernels that can: "
                             "'eager', 'tiles'"),
-        ("flex", "values", "Shaw relative terms need the value_term hook, and flex calls qk_transform, key_term, bias"),
+        (
+            "flex",
+            "values",
+            "Shaw relative terms need the value_term hook, and flex calls qk_transform, key_term, key_side_term, bias",
+        ),
         ("flex", "keep", "flex takes no dropout_keep mask (DROP-1); kernels that can: 'eager', 'tiles'"),
         ("flex", "weights", "flex does not return the weights (return_weights=True); kernels that can: "
                             "'eager', 'tiles'"),
@@ -555,7 +559,8 @@ def test_a_hook_no_kernel_calls_is_an_error_not_a_fallback():
         ):
             kernels.resolve(None, spec, plain_call())
         with pytest.raises(
-            ValueError, match=re.escape("and eager calls qk_transform, key_term, value_term; no kernel can")
+            ValueError,
+            match=re.escape("and eager calls qk_transform, key_term, key_side_term, value_term; no kernel can"),
         ):
             kernels.resolve("eager", spec, plain_call())
 

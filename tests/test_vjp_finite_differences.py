@@ -53,6 +53,11 @@ ELEMENTWISE = {
     "shaw-per-head-no-bias": AttentionSpec(2, 2, bias=False, relative=Shaw(2, per_head=True)),
     "huang-per-head-causal": AttentionSpec(2, 2, relative=Huang(2), causal=True),
     "huang-shared-unscaled": AttentionSpec(1, 3, relative=Huang(3, per_head=False), scale_relative=False),
+    "shaw-key-side-shared-unscaled-side": AttentionSpec(
+        2, 2, relative=Shaw(1, key_side="shared", key_side_scaled=False, per_head=True)
+    ),
+    "shaw-key-side-own-gqa": AttentionSpec(4, 2, num_kv_heads=2, relative=Shaw(2, values=False, key_side="own")),
+    "huang-values-causal": AttentionSpec(2, 2, relative=Huang(2, values=True), causal=True),
     "mask-fill-dropout": AttentionSpec(2, 2, relative=Shaw(1), mask_fill=-4.0, dropout=0.25),
 }
 

@@ -2,7 +2,7 @@
 
 Parameters are stored the way PyTorch users expect: ``q_proj``, ``k_proj``,
 ``v_proj``, ``out_proj`` are ``nn.Linear`` layers (weight ``(out, in)``),
-``rel_k`` / ``rel_v`` (Shaw, Huang) and ``rel_b`` (T5, Swin) are tables of
+``rel_k`` / ``rel_q`` / ``rel_v`` (Shaw, Huang) and ``rel_b`` (T5, Swin) are tables of
 the canonical shape (``TABLES``). Every size comes from
 ``spec.param_shapes()`` (PARAM-1): with Hkv key/value heads (HEAD-3) and
 value heads of dv channels (HEAD-4), ``k_proj`` maps D to Hkv * d,
@@ -23,7 +23,7 @@ from spec.validation import ArrayInfo, check_params, fail_type
 from . import _checks, functional
 
 #: The relative position tables a scheme may add (PARAM-1), stored as parameters under their canonical names.
-TABLES = ("rel_k", "rel_v", "rel_b")
+TABLES = ("rel_k", "rel_q", "rel_v", "rel_b")
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:

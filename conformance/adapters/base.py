@@ -21,7 +21,9 @@ and inputs use; see ``conformance.cases.Case.features``):
     dropout-spec         AttentionSpec.dropout > 0 without a keep mask (DROP-3)
     dropout-keep         explicit dropout keep masks (DROP-1)
     shaw, shaw-values    Shaw key terms, Shaw value terms
+    shaw-key-side        Shaw's key-side term, k_j . table[idx] (SHAW-6, SHAW-7)
     huang                Huang relative keys
+    huang-values         Huang's value term (HUANG-6)
     per-head-tables      per_head=True tables (REL-2)
     unscaled-relative    scale_relative=False (SCALE-3)
     grouped-kv-heads     AttentionSpec.num_kv_heads < num_heads (HEAD-3)
@@ -60,7 +62,9 @@ FEATURES = frozenset(
         "dropout-keep",
         "shaw",
         "shaw-values",
+        "shaw-key-side",
         "huang",
+        "huang-values",
         "per-head-tables",
         "unscaled-relative",
         "grouped-kv-heads",

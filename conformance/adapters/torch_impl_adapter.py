@@ -88,6 +88,8 @@ class TorchTilesAdapter(TorchImplAdapter):
 SDPA_MISSING = {
     "shaw": "the sdpa kernel takes no relative scheme (use eager or tiles)",
     "shaw-values": "the sdpa kernel takes no relative scheme",
+    "shaw-key-side": "the sdpa kernel takes no relative scheme",
+    "huang-values": "the sdpa kernel takes no relative scheme",
     "huang": "the sdpa kernel takes no relative scheme",
     "per-head-tables": "the sdpa kernel takes no relative scheme",
     "unscaled-relative": "the sdpa kernel takes no relative scheme",
@@ -111,6 +113,7 @@ class TorchSDPAKernelAdapter(TorchImplAdapter):
 #: What the flex kernel cannot be asked for (KERN-1): the weights never leave FlexAttention.
 FLEX_MISSING = {
     "shaw-values": "the flex kernel takes no value term: the weights never leave FlexAttention",
+    "huang-values": "the flex kernel takes no value term: the weights never leave FlexAttention",
     "dropout-keep": "the flex kernel takes no dropout_keep mask (DROP-1)",
 }
 #: PyTorch's FlexAttention has a backward on CUDA only (torch 2.13).

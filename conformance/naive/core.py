@@ -20,7 +20,7 @@ from spec import AttentionSpec
 from .keys import allowed_keys, dead_keys, positions, relative_distance
 from .precision import Precision
 from .schemes import hooks_for
-from .tables import as_4d, gather, scatter_add, sum_to
+from .tables import as_4d, gather, gather_keys, scatter_add, scatter_keys, sum_to
 
 
 def _split(x, H):  # (B, L, D) -> (B, H, L, d)   HEAD-2
@@ -100,7 +100,7 @@ def forward(spec: AttentionSpec, params: dict, inputs: dict, dtype: str, order: 
     logits = P.mm(q_s, k.swapaxes(-1, -2))  # (B, H, Lq, Lk)
     if order == 0:
         logits = P.rnd(logits * s)
-    key_index = key_valid = value_index = buckets = None
+    key_index = key_valid = value_index = value_valid = buckets = None
     if "key_term" in hooks:  # q_i . rel_k[row(b, i, j)], scaled by s_rel (SCALE-3)
         key_index, key_valid = impl.key_index(scheme, delta)  # (1|B, Lq, Lk)
         q_r = P.rnd(q * s_rel) if order == 1 else q
@@ -110,6 +110,16 @@ def forward(spec: AttentionSpec, params: dict, inputs: dict, dtype: str, order: 
             term = np.where(key_valid[:, None], term, 0)
         if order == 0:
             term = P.rnd(term * s_rel)
+        logits = P.rnd(logits + term)
+    side_table = side_index = None
+    if "key_side_term" in hooks:  # k_j . table[row(b, i, j)], times s_side (SHAW-6, SHAW-7)
+        side_table, side_index = impl.key_side_index(scheme, delta)
+        s_side = spec.key_side_scale
+        k_r = P.rnd(k * s_side) if order == 1 else k
+        rows_k = P.mm(k_r, as_4d(p[side_table]).swapaxes(-1, -2))  # (B, H, Lk, R)
+        term = gather_keys(rows_k, side_index)  # (B, H, Lq, Lk)
+        if order == 0:
+            term = P.rnd(term * s_side)
         logits = P.rnd(logits + term)
     capped = None
     if spec.softcap is not None:  # SOFTCAP-1: c * tanh(score / c), each step rounded
@@ -126,9 +136,10 @@ def forward(spec: AttentionSpec, params: dict, inputs: dict, dtype: str, order: 
     wd = w if keep is None else P.rnd(np.where(keep, w / P.acc.type(1 - spec.dropout), 0))
     o = P.mm(wd, v)  # (B, H, Lq, d)
     if "value_term" in hooks:  # sum_j wd_ij rel_v[row(b, i, j)] as bucket sums @ rel_v
-        value_index = impl.value_index(scheme, delta)  # (1|B, Lq, Lk)
+        value_index, value_valid = impl.value_index(scheme, delta)  # (1|B, Lq, Lk)
         rv = as_4d(p["rel_v"])
-        buckets = P.rnd(scatter_add(wd, value_index, rv.shape[-2]))  # (B, H, Lq, R)
+        wv = wd if value_valid is None else np.where(value_valid[:, None], wd, 0)
+        buckets = P.rnd(scatter_add(wv, value_index, rv.shape[-2]))  # (B, H, Lq, R)
         o = P.rnd(o + P.mm(buckets, rv))
     merged = _merge(o)  # (B, Lq, H * dv)
     out = P.lin(merged, p["wo"], p.get("bo"))
@@ -157,6 +168,9 @@ def forward(spec: AttentionSpec, params: dict, inputs: dict, dtype: str, order: 
         key_index=key_index,
         key_valid=key_valid,
         value_index=value_index,
+        value_valid=value_valid,
+        side_table=side_table,
+        side_index=side_index,
         buckets=buckets,
         capped=capped,
     )
@@ -186,7 +200,10 @@ def backward(spec: AttentionSpec, cache: dict, grad_out, order: int = 0) -> dict
     if "value_term" in hooks:
         rv = as_4d(p["rel_v"])
         grads["rel_v"] = P.rnd(sum_to(c["buckets"].swapaxes(-1, -2) @ d_o, rv.shape)).reshape(p["rel_v"].shape)
-        d_wd = P.rnd(d_wd + gather(P.mm(d_o, rv.swapaxes(-1, -2)), c["value_index"]))
+        d_value = gather(P.mm(d_o, rv.swapaxes(-1, -2)), c["value_index"])
+        if c["value_valid"] is not None:
+            d_value = np.where(c["value_valid"][:, None], d_value, 0)
+        d_wd = P.rnd(d_wd + d_value)
     d_w = d_wd if c["keep"] is None else P.rnd(np.where(c["keep"], d_wd / P.acc.type(1 - spec.dropout), 0))
     w = c["w"]
     d_logits = P.rnd(np.where(c["allowed"], w * (d_w - P.rowsum(w * d_w)), 0))  # GRAD-2
@@ -211,6 +228,12 @@ def backward(spec: AttentionSpec, cache: dict, grad_out, order: int = 0) -> dict
         g_rows = P.rnd(scatter_add(g_term, c["key_index"], rk.shape[-2]))  # (B, H, Lq, R)
         d_q = P.rnd(d_q + P.mm(g_rows, rk))
         grads["rel_k"] = P.rnd(sum_to(g_rows.swapaxes(-1, -2) @ c["q"], rk.shape)).reshape(p["rel_k"].shape)
+    if "key_side_term" in hooks:
+        table = as_4d(p[c["side_table"]])
+        g_rows = P.rnd(scatter_keys(P.rnd(d_logits * spec.key_side_scale), c["side_index"], table.shape[-2]))
+        d_k = P.rnd(d_k + P.mm(g_rows, table))  # (B, H, Lk, d)
+        d_table = P.rnd(sum_to(g_rows.swapaxes(-1, -2) @ c["k"], table.shape)).reshape(p[c["side_table"]].shape)
+        grads[c["side_table"]] = P.rnd(grads[c["side_table"]] + d_table) if c["side_table"] in grads else d_table
     if "qk_transform" in hooks:
         d_q, d_k = impl.qk_transform_vjp(scheme, P, d_q, d_k, c["qp"], c["kp"])
     d_k, d_v = _kv_head_sum(spec, P, d_k), _kv_head_sum(spec, P, d_v)  # HEAD-3

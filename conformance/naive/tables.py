@@ -72,3 +72,25 @@ def sum_to(x: np.ndarray, shape) -> np.ndarray:
     y = np.add.reduce(y, axis=stretched, keepdims=True) if stretched else y
     assert y.shape == shape, (y.shape, shape)
     return y
+
+
+def gather_keys(rows: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """out[b, h, i, j] = rows[b, h, j, index[b, i, j]]: a key-side term (SHAW-6).
+
+    rows (B, H, Lk, R) (one logit per key and table row), index (1|B, Lq, Lk) int -> (B, H, Lq, Lk).
+    """
+    B, H, Lk, _ = rows.shape
+    b, h, _, j = np.ogrid[:B, :H, :1, :Lk]
+    return rows[b, h, j, index[:, np.newaxis]]
+
+
+def scatter_keys(g: np.ndarray, index: np.ndarray, num_rows: int) -> np.ndarray:
+    """out[b, h, j, r] = sum_i g[b, h, i, j] * [index[b, i, j] == r]: the adjoint of ``gather_keys``.
+
+    g (B, H, Lq, Lk) -> (B, H, Lk, R), float64, each bucket summed in query order by ``np.add.at``.
+    """
+    B, H, _, Lk = g.shape
+    out = np.zeros((B, H, Lk, num_rows), dtype=np.float64)
+    b, h, _, j = np.ogrid[:B, :H, :1, :Lk]
+    np.add.at(out, (b, h, j, index[:, np.newaxis]), np.asarray(g, dtype=np.float64))
+    return out

@@ -2,6 +2,7 @@
 
     q, k            = qk_transform(q, k)                              (REL-3 hook 1)
     score[b,h,i,j]  = s * q_i . k_j + s_rel * key_term                (SCALE-2, SCALE-3)
+                      + s_side * key_side_term                        (SHAW-6, SHAW-7)
     logits          = cap(score) + scheme bias + bias                 (SOFTCAP-1, SCALE-4)
     w               = masked softmax over the keys                    (SOFTMAX-1, MASK-5/6)
     o_i             = sum_j w'_ij v_j + value_term(w')_i,   w' = dropout(w)   (DROP-1, DROP-4)
@@ -65,6 +66,9 @@ def attend(spec: AttentionSpec, params: dict, x: Inputs, hooks: schemes.Hooks, r
     logits = scores(x.q, x.k).astype(stat) * spec.effective_scale  # SCALE-2, HEAD-3: (B, H, Lq, Lk)
     if hooks.key_term is not None:  # REL-3 (2), REL-1
         logits = logits + hooks.key_term(params, x.q, x.delta).astype(stat) * spec.relative_scale  # SCALE-3
+    if hooks.key_side_term is not None:  # SHAW-6, SHAW-7: from the key heads (HEAD-3)
+        term = hooks.key_side_term(params, x.k, x.delta, num_heads=x.q.shape[1])
+        logits = logits + term.astype(stat) * spec.key_side_scale
     if spec.softcap is not None:  # SOFTCAP-1: the score only, before every bias and mask
         logits = softcap(logits, spec.softcap)
     if hooks.bias is not None:  # REL-3 (3): unscaled, computed in the softmax dtype (PREC-4)

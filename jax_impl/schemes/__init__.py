@@ -21,14 +21,18 @@ distances k_pos - q_pos, (1|B, Lq, Lk) (POS-2); positions are (1|B, L)
    (SCALE-4; ALiBi, T5, Swin); ``num_heads`` is H (ALiBi's slopes depend on
    it), both keywords static Python values; Swin reads the positions, not
    only delta (SWIN-6);
+2b. ``key_side_term(scheme, params, k, delta, *, num_heads) -> (B, H, Lq, Lk)``
+   from the key heads k (B, Hkv, Lk, d) (HEAD-3), before the factor
+   ``spec.key_side_scale`` that the kernel applies (Shaw's key side, SHAW-6,
+   SHAW-7); ``num_heads`` is H, a static Python value;
 4. ``value_term(scheme, params, w, delta) -> (B, H, Lq, dv)`` from the
    weights after dropout w' (B, H, Lq, Lk) (DROP-4), added to ``w' @ v``.
 
 These plain hooks are the readable algorithms the ``xla`` kernel calls
 over whole (B, H, Lq, Lk) arrays; every module defines the ones its scheme
 uses. The ``tiles`` kernel calls ``qk_transform`` once per call, then per
-block of queries the *tiled* hooks ``key_term_tiled``, ``bias_tiled`` and
-``value_term_tiled``: the same signatures plus a ``Tile`` (where the block
+block of queries the *tiled* hooks ``key_term_tiled``,
+``key_side_term_tiled``, ``bias_tiled`` and ``value_term_tiled``: the same signatures plus a ``Tile`` (where the block
 sits, whether positions are the defaults, whether the caller masks the
 keys after the diagonal). A module without them is simply not supported
 by ``tiles`` (``missing_tiled``, KERN-1).
@@ -77,6 +81,7 @@ PLAIN = {kind: kind for kind in HOOKS}
 TILED = {
     "qk_transform": "qk_transform",
     "key_term": "key_term_tiled",
+    "key_side_term": "key_side_term_tiled",
     "bias": "bias_tiled",
     "value_term": "value_term_tiled",
 }
@@ -99,6 +104,7 @@ class Hooks(NamedTuple):
 
     qk_transform: Optional[Callable] = None  # (params, q, k, q_positions, k_positions) -> (q, k), k (B, Hkv, Lk, d)
     key_term: Optional[Callable] = None  # (params, q, delta) -> (B, H, Lq, Lk), before s_rel
+    key_side_term: Optional[Callable] = None  # (params, k, delta, *, num_heads) -> (B, H, Lq, Lk), SHAW-6
     bias: Optional[Callable] = None  # (params, q_pos, k_pos, delta, *, num_heads, dtype) -> (1|B, 1|H, Lq, Lk)
     value_term: Optional[Callable] = None  # (params, w', delta) -> (B, H, Lq, dv)
 

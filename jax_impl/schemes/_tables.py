@@ -48,3 +48,26 @@ def bucket_sums(w, index, num_rows: int):
     flat = (rows + jnp.broadcast_to(index[:, None], (B, H, Lq, Lk))).reshape(-1)
     out = jnp.zeros(B * H * Lq * num_rows, w.dtype).at[flat].add(w.reshape(-1))
     return out.reshape(B, H, Lq, num_rows)
+
+
+def key_rows(k, table, num_heads: int):
+    """k @ table.T per query head (REL-2, HEAD-3): k (B, Hkv, Lk, d), table (R, d) | (H, R, d) ->
+    (B, H, Lk, R); query head h reads key head h // (H / Hkv)."""
+    group = num_heads // k.shape[1]
+    if table.ndim == 2:
+        return jnp.repeat(jnp.einsum("bgjd,rd->bgjr", k, table), group, axis=1)
+    return jnp.einsum("bhjd,hrd->bhjr", jnp.repeat(k, group, axis=1), table)
+
+
+def gather_key_rows(rk, index):
+    """out[b, h, i, j] = rk[b, h, j, index[b, i, j]]: rk (B, H, Lk, R), index (1|B, Lq, Lk) -> (B, H, Lq, Lk)
+    (a key-side term, SHAW-6)."""
+    B, H = rk.shape[:2]
+    full = jnp.broadcast_to(index[:, None], (B, H) + index.shape[-2:])
+    return jnp.take_along_axis(jnp.swapaxes(rk, -1, -2), full, axis=-2)
+
+
+def bucket_sums_valid(w, index, valid, num_rows: int):
+    """``bucket_sums`` over the pairs where ``valid`` (1|B, Lq, Lk) holds: the others go to one extra bucket,
+    dropped. (B, H, Lq, Lk) -> (B, H, Lq, R)."""
+    return bucket_sums(w, jnp.where(valid, index, num_rows), num_rows + 1)[..., :num_rows]

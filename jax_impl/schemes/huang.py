@@ -1,4 +1,4 @@
-"""Huang et al. 2018 (Music Transformer) in JAX: an unclipped key term (HUANG-1..HUANG-5).
+"""Huang et al. 2018 (Music Transformer) in JAX: an unclipped key term and value term (HUANG-1..HUANG-6).
 
 Row ``delta + M - 1`` of ``rel_k`` holds distance delta; a distance beyond
 the table adds nothing (HUANG-3). Two O(L d)-memory algorithms, nothing of
@@ -10,6 +10,9 @@ shape (Lq, Lk, d) (HUANG-4):
   positions one matmul against only the rows the tile's distances reach,
   then the skew (``huang_skew_term``); with explicit positions the plain gather.
 
+The value term (HUANG-6, both kernels) sums the weights per table row, the
+pairs beyond the table left out, then ``@ rel_v``.
+
 Axis legend (AXES-1): B, H, Lq, Lk, d; R = 2M - 1 table rows.
 """
 
@@ -19,7 +22,7 @@ import jax.numpy as jnp
 
 from spec.index import distance_row_span
 
-from ._tables import gather_rows, rows_logits
+from ._tables import bucket_sums_valid, gather_rows, rows_logits, rows_sum
 
 
 def huang_index(delta, max_len: int):
@@ -38,7 +41,14 @@ def key_term(scheme, params: dict, q, delta):
     return jnp.where(valid[:, None], gather_rows(rows_logits(q, params["rel_k"]), row), 0.0)
 
 
-# ---------------------------------------------------------------- tiled hook (tiles)
+def value_term(scheme, params: dict, w, delta):
+    """HUANG-6: o_add[b, h, i] = sum_j w'_ij rel_v[delta_ij + M - 1] over |delta| <= M - 1, from the
+    weights after dropout (DROP-4): w' (B, H, Lq, Lk) -> (B, H, Lq, dv) in the table's dtype."""
+    row, valid = huang_index(delta, scheme.max_len)
+    return rows_sum(bucket_sums_valid(w, row, valid, scheme.num_rows), params["rel_v"])
+
+
+# ---------------------------------------------------------------- tiled hooks (tiles)
 def key_term_tiled(scheme, params: dict, q, delta, tile):
     """HUANG-4 for the queries tile.q_start .. tile.q_start + Lq - 1: the skew, or the gather of ``key_term``.
 
@@ -48,6 +58,11 @@ def key_term_tiled(scheme, params: dict, q, delta, tile):
     if not tile.default_positions:
         return key_term(scheme, params, q, delta)
     return huang_skew_term(q, params["rel_k"], tile.q_start, delta.shape[-1], scheme.max_len, tile.causal)
+
+
+def value_term_tiled(scheme, params: dict, w, delta, tile):
+    """HUANG-6 for a tile: the scatter of ``value_term`` over its own delta."""
+    return value_term(scheme, params, w, delta)
 
 
 def distance_rows(table, first: int, count: int, max_len: int):

@@ -1,9 +1,10 @@
-"""Shaw et al. 2018 in JAX: a key term and a value term by clipped distance (SHAW-1..SHAW-5).
+"""Shaw et al. 2018 in JAX: a key term, a key-side term and a value term by clipped distance (SHAW-1..SHAW-7).
 
 Both terms look table rows up by ``idx = clip(delta, -k, k) + k`` (SHAW-2),
 R = 2k + 1 rows. The key term is ``q @ rel_k.T`` (B, H, Lq, R) then a
 gather (SHAW-3); the value term sums the weights per row, then ``@ rel_v``
-(SHAW-4). Nothing of shape (Lq, Lk, d) is built.
+(SHAW-4); the key-side term is ``k @ table.T`` (B, H, Lk, R) then a gather
+per key (SHAW-6). Nothing of shape (Lq, Lk, d) is built.
 
 Hooks (the protocol is in ``jax_impl.schemes``):
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from ._tables import bucket_sums, gather_rows, rows_logits, rows_sum
+from ._tables import bucket_sums, gather_key_rows, gather_rows, key_rows, rows_logits, rows_sum
 
 
 def shaw_index(delta, max_distance: int):
@@ -40,6 +41,13 @@ def key_term(scheme, params: dict, q, delta):
     return gather_rows(rows_logits(q, params["rel_k"]), shaw_index(delta, scheme.max_distance))
 
 
+def key_side_term(scheme, params: dict, k, delta, *, num_heads: int):
+    """SHAW-6: term[b, h, i, j] = k_j . table[idx[b, i, j]] (table ``rel_k`` or ``rel_q``), before its
+    factor (SHAW-7). k (B, Hkv, Lk, d) (HEAD-3), delta (1|B, Lq, Lk) -> (B, H, Lq, Lk), H = ``num_heads``."""
+    table = params["rel_k" if scheme.key_side == "shared" else "rel_q"]
+    return gather_key_rows(key_rows(k, table, num_heads), shaw_index(delta, scheme.max_distance))
+
+
 def value_term(scheme, params: dict, w, delta):
     """SHAW-4: o_add[b, h, i] = sum_j w'_ij rel_v[idx_ij], from the weights after dropout (DROP-4).
 
@@ -54,6 +62,11 @@ def value_term(scheme, params: dict, w, delta):
 def key_term_tiled(scheme, params: dict, q, delta, tile):
     """SHAW-3 for a tile: the gather of ``key_term`` (already O(Lq (Lk + R)) work and memory)."""
     return key_term(scheme, params, q, delta)
+
+
+def key_side_term_tiled(scheme, params: dict, k, delta, tile, *, num_heads: int):
+    """SHAW-6 for a tile: the gather of ``key_side_term`` (its keys 0 .. Lk - 1, its own delta)."""
+    return key_side_term(scheme, params, k, delta, num_heads=num_heads)
 
 
 def value_term_tiled(scheme, params: dict, w, delta, tile):

@@ -1,7 +1,7 @@
 """Position schemes as units: one module per scheme, found by ``scheme.name`` (REL-3, REL-4).
 
 A scheme (``spec.Shaw``, ``spec.Huang``, ...) says *what* it adds to
-attention; its numpy_ref module says how, through at most four hooks that
+attention; its numpy_ref module says how, through at most five hooks that
 the core (``forward``, ``backward``, ``definition``) applies in the order of
 ``spec.HOOKS`` (REL-3). Nothing outside a scheme's own module looks at the
 scheme's type: the core asks ``bind(scheme)`` for the module and calls the
@@ -20,6 +20,10 @@ tables' own shapes. Axis legend (AXES-1): B, H, Lq, Lk, D, d.
    computed from the (transformed) q; the core multiplies it by
    ``spec.relative_scale`` (SCALE-3). ``key_term_vjp(scheme, params, saved,
    g_term) -> (dq, grads)``, g_term the gradient of the unscaled term.
+2b. ``key_side_term(scheme, params, k, ctx) -> (term, saved)``, term (B, H, Lq,
+   Lk), computed from the (transformed) k of each query head (B, H, Lk, d);
+   the core multiplies it by ``spec.key_side_scale`` (SHAW-7).
+   ``key_side_term_vjp(scheme, params, saved, g_term) -> (dk, grads)``.
 3. ``bias(scheme, params, ctx) -> (bias, saved)``, bias finite and
    broadcastable to (B, H, Lq, Lk), added to the logits unscaled like the
    ``bias`` input (BIAS-1); ``bias_vjp(scheme, params, saved, g) -> grads``,
@@ -35,6 +39,7 @@ a literal form over one head ``h`` and plain Python numbers, with
 1. ``literal_q(scheme, params, h, q_vec, q_pos) -> vector`` and
    ``literal_k(scheme, params, h, k_vec, k_pos) -> vector``;
 2. ``literal_key_term(scheme, params, h, q_vec, q_pos, k_pos) -> float``;
+2b. ``literal_key_side_term(scheme, params, h, k_vec, q_pos, k_pos) -> float``;
 3. ``literal_bias(scheme, params, h, num_heads, q_pos, k_pos) -> float``
    (ALiBi's slopes depend on the number of heads);
 4. ``literal_value_row(scheme, params, h, q_pos, k_pos) -> vector (d,)``,
@@ -84,6 +89,7 @@ VECTOR_FUNCTIONS = {kind: (kind, kind + "_vjp") for kind in HOOKS}
 LITERAL_FUNCTIONS = {
     "qk_transform": ("literal_q", "literal_k"),
     "key_term": ("literal_key_term",),
+    "key_side_term": ("literal_key_side_term",),
     "bias": ("literal_bias",),
     "value_term": ("literal_value_row",),
 }

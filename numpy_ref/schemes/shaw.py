@@ -1,8 +1,10 @@
-"""Shaw et al. 2018 in the reference: a key term and a value term by clipped distance (SHAW-1..SHAW-5).
+"""Shaw et al. 2018 in the reference: a key term, a key-side term and a value term by clipped distance
+(SHAW-1..SHAW-7).
 
-Both hooks look table rows up by ``idx = clip(delta, -k, k) + k`` (SHAW-2).
-Neither builds an (Lq, Lk, d) array: the key term is ``q @ rel_k.T`` then a
-gather (SHAW-3), the value term sums the weights per row then ``@ rel_v``
+Every hook looks table rows up by ``idx = clip(delta, -k, k) + k`` (SHAW-2).
+None builds an (Lq, Lk, d) array: the key term is ``q @ rel_k.T`` then a
+gather (SHAW-3), the key-side term ``k @ table.T`` then a gather per key
+(SHAW-6), the value term sums the weights per row then ``@ rel_v``
 (SHAW-4). Axis legend (AXES-1): B, H, Lq, Lk, d; R = 2k + 1 rows.
 """
 
@@ -19,6 +21,12 @@ from ._literal import dot, table_row
 class KeySaved(NamedTuple):
     q: np.ndarray  # (B, H, Lq, d)
     table4: np.ndarray  # rel_k as (1, 1|H, R, d)
+    index: np.ndarray  # (1|B, Lq, Lk), SHAW-2
+
+
+class KeySideSaved(NamedTuple):
+    k: np.ndarray  # (B, H, Lk, d), each query head's key head
+    table4: np.ndarray  # rel_k or rel_q as (1, 1|H, R, d)
     index: np.ndarray  # (1|B, Lq, Lk), SHAW-2
 
 
@@ -39,6 +47,25 @@ def key_term_vjp(scheme, params: dict, saved: KeySaved, g_term: np.ndarray):
     """VJP of ``key_term`` (SHAW-3, GRAD-1): (dq (B, H, Lq, d), {"rel_k": d rel_k})."""
     dq, d_table4 = rel.gather_logits_vjp(saved.q, saved.table4, saved.index, g_term)
     return dq, {"rel_k": d_table4.reshape(params["rel_k"].shape)}
+
+
+def key_side_table(scheme) -> str:
+    """SHAW-6: the table the key-side term reads: ``rel_k`` (``key_side="shared"``) or ``rel_q`` (``"own"``)."""
+    return "rel_k" if scheme.key_side == "shared" else "rel_q"
+
+
+def key_side_term(scheme, params: dict, k: np.ndarray, ctx):
+    """SHAW-6: term[b, h, i, j] = k_j . table[idx[b, i, j]], before its factor (SHAW-7).  (B, H, Lq, Lk)"""
+    table4 = rel.as_4d(params[key_side_table(scheme)])
+    index = rel.shaw_index(ctx.delta, scheme.max_distance)
+    return rel.gather_key_side(k, table4, index), KeySideSaved(k, table4, index)
+
+
+def key_side_term_vjp(scheme, params: dict, saved: KeySideSaved, g_term: np.ndarray):
+    """VJP of ``key_side_term`` (SHAW-6, GRAD-1): (dk (B, H, Lk, d), {table: d table})."""
+    dk, d_table4 = rel.gather_key_side_vjp(saved.k, saved.table4, saved.index, g_term)
+    name = key_side_table(scheme)
+    return dk, {name: d_table4.reshape(params[name].shape)}
 
 
 def value_term(scheme, params: dict, w: np.ndarray, ctx):
@@ -74,6 +101,11 @@ def _row(scheme, q_pos: int, k_pos: int) -> int:
 def literal_key_term(scheme, params: dict, h: int, q_vec, q_pos: int, k_pos: int) -> float:
     """SHAW-3 for one pair: q_vec . rel_k[idx] (before s_rel, SCALE-3)."""
     return dot(q_vec, table_row(params["rel_k"], h, _row(scheme, q_pos, k_pos)))
+
+
+def literal_key_side_term(scheme, params: dict, h: int, k_vec, q_pos: int, k_pos: int) -> float:
+    """SHAW-6 for one pair: k_vec . table[idx] (before its factor, SHAW-7)."""
+    return dot(k_vec, table_row(params[key_side_table(scheme)], h, _row(scheme, q_pos, k_pos)))
 
 
 def literal_value_row(scheme, params: dict, h: int, q_pos: int, k_pos: int) -> np.ndarray:

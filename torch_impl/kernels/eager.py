@@ -2,6 +2,7 @@
 
     q, k   = qk_transform(q, k)                                             (REL-3 (1): RoPE)
     score  = s * q @ k.T  +  s_rel * key_term(q, delta)                     (REL-1, SCALE-2, SCALE-3, HEAD-3)
+             +  s_side * key_side_term(k, delta)                            (SHAW-6, SHAW-7)
     logits = cap(score)  +  scheme_bias(positions)  +  bias                 (SOFTCAP-1, REL-3 (3), SCALE-4)
     w      = softmax over the allowed keys                                  (SOFTMAX-1, MASK-4..6, WINDOW-1)
     o      = w' @ v  +  value_term(w', delta),   w' = dropout(w)            (DROP-1, DROP-4, HEAD-4)
@@ -29,7 +30,7 @@ class Eager(Kernel):
     """The readable baseline; it runs every call (KERN-1)."""
 
     name: ClassVar[str] = "eager"
-    scheme_hooks: ClassVar[frozenset] = frozenset({"qk_transform", "key_term", "bias", "value_term"})
+    scheme_hooks: ClassVar[frozenset] = frozenset({"qk_transform", "key_term", "key_side_term", "bias", "value_term"})
 
 
 def attention(spec, params: dict, q, k, v, call: _core.Call):
@@ -47,6 +48,9 @@ def attention(spec, params: dict, q, k, v, call: _core.Call):
     logits = spec.effective_scale * _core.grouped_scores(q, k).to(stat)  # (B, H, Lq, Lk), SCALE-2, HEAD-3
     if "key_term" in hooks:  # REL-1, SCALE-3
         logits = logits + spec.relative_scale * unit.key_term(scheme, params, q, call.delta).to(stat)
+    if "key_side_term" in hooks:  # SHAW-6, SHAW-7: from the key heads, read in place (HEAD-3)
+        term = unit.key_side_term(scheme, params, k, call.delta, group=spec.group_size)
+        logits = logits + spec.key_side_scale * term.to(stat)
     logits = _core.softcap(logits, spec.softcap)  # SOFTCAP-1: the score, before the biases and the masks
     if "bias" in hooks:  # REL-3 (3): unscaled, in the stat dtype (PREC-4)
         logits = logits + scheme_bias(spec, params, call, stat)

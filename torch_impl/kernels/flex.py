@@ -7,6 +7,7 @@ the spec that is a function of one pair goes there, in the spec's order:
 
     score  = s * q . k                                   (SCALE-2, HEAD-3: ``enable_gqa``)
            + key_term(b, h, i, j)                        (REL-1, SCALE-3: Shaw, Huang keys)
+           + key_side_term(b, h, i, j)                   (SHAW-6, SHAW-7: Shaw's key side)
     score  = cap(score)                                  (SOFTCAP-1)
            + scheme_bias(b, h, i, j) + bias[b, h, i, j]  (REL-3 (3): ALiBi, T5, Swin; SCALE-4, BIAS-1)
     logit  = score where allowed[b, h, i, j], else -inf (MASK-4, MASK-5) or mask_fill (MASK-6)
@@ -14,7 +15,8 @@ the spec that is a function of one pair goes there, in the spec's order:
 The scheme's part comes from its score hooks (``score_state`` once per
 call, ``score_term`` per pair; the protocol is in ``torch_impl.schemes``):
 a key term reads its (B, H, Lq, R) table logits at the row of the pair's
-distance, a bias computes slope times distance or reads ``rel_b`` at the
+distance, a key-side term its (B, H, Lk, R) ones (``key_side_score_state``,
+``key_side_score_term``), a bias computes slope times distance or reads ``rel_b`` at the
 pair's row. Nothing of shape (Lq, Lk) is built for a scheme: the
 distances come from the positions inside ``score_mod``. The ``mask`` and
 ``bias`` inputs and the causal and window rules are read from their own
@@ -22,7 +24,7 @@ broadcast tensors (``call.allowed``). FlexAttention gives a row with no
 allowed key exact zeros (MASK-5) and keeps the logits and the softmax in
 float32 for float16 and bfloat16 inputs (PREC-4).
 
-It takes no value term (Shaw values: the weights never leave the kernel),
+It takes no value term (Shaw and Huang values: the weights never leave the kernel),
 no given keep mask (DROP-1) and returns no weights. PyTorch 2.13 has no
 FlexAttention backward on the CPU: there it runs forward calls only (a
 call that records gradients raises PyTorch's ``NotImplementedError``).
@@ -58,7 +60,7 @@ class Flex(Kernel):
     """
 
     name: ClassVar[str] = "flex"
-    scheme_hooks: ClassVar[frozenset] = frozenset({"qk_transform", "key_term", "bias"})
+    scheme_hooks: ClassVar[frozenset] = frozenset({"qk_transform", "key_term", "key_side_term", "bias"})
 
     compiled: bool = True
 
@@ -115,9 +117,13 @@ def attention(kernel: Flex, spec, params: dict, q, k, v, call: _core.Call) -> to
     scheme = spec.relative
     hooks = frozenset() if scheme is None else scheme.hooks
     unit = None if scheme is None else schemes.module_for(scheme)
-    key_state = bias_state = None
+    key_state = side_state = bias_state = None
     if "key_term" in hooks:  # the queries as the key term sees them, s_rel folded in (SCALE-3)
         key_state = unit.score_state(scheme, params, q * spec.relative_scale, call, stat=stat)
+    if "key_side_term" in hooks:  # SHAW-6: the keys as the key-side term sees them, its factor folded in (SHAW-7)
+        side_state = unit.key_side_score_state(
+            scheme, params, k * spec.key_side_scale, call, group=spec.group_size, stat=stat
+        )
     if "bias" in hooks:
         bias_state = unit.score_state(scheme, params, q, call, stat=stat)
     bias = _reader(None if call.bias is None else call.bias.to(stat), B, H, Lq, Lk)
@@ -128,6 +134,8 @@ def attention(kernel: Flex, spec, params: dict, q, k, v, call: _core.Call) -> to
     def score_mod(score, b, h, i, j):
         if key_state is not None:  # REL-1, SCALE-3
             score = score + unit.score_term(key_state, b, h, i, j)
+        if side_state is not None:  # SHAW-6, SHAW-7
+            score = score + unit.key_side_score_term(side_state, b, h, i, j)
         score = _core.softcap(score, cap)  # SOFTCAP-1: before the biases and the masks
         if bias_state is not None:  # REL-3 (3), SCALE-4: unscaled
             score = score + unit.score_term(bias_state, b, h, i, j)

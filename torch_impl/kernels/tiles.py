@@ -80,7 +80,7 @@ class Tiles(Kernel):
     """
 
     name: ClassVar[str] = "tiles"
-    scheme_hooks: ClassVar[frozenset] = frozenset({"qk_transform", "key_term", "bias", "value_term"})
+    scheme_hooks: ClassVar[frozenset] = frozenset({"qk_transform", "key_term", "key_side_term", "bias", "value_term"})
 
     elements: Optional[int] = None
     query_rows: Optional[int] = None
@@ -186,6 +186,7 @@ class _Run(NamedTuple):
     unit: object  # the scheme's module, or None
     hooks: frozenset  # the hook kinds it uses (REL-3)
     state: object  # its tile state, or None
+    side: object  # its key-side state (SHAW-6), or None
     stat: torch.dtype  # PREC-4
     causal_block: bool  # CAUSAL-1 alone (no window, mask or bias), top-left: mask each tile's diagonal block
     future: Optional[torch.Tensor]  # (T_max, T_max) bool, c > r: the keys after the diagonal
@@ -231,6 +232,10 @@ def attention(plan: Tiles, spec, params: dict, q, k, v, call: _core.Call):
             rows=longest,
             stat=stat,
         )
+    side = None
+    if "key_side_term" in hooks:  # SHAW-6: one (B, H, R, Lk) product, its factor folded into k (SHAW-7)
+        unit = schemes.module_for(spec.relative)
+        side = unit.key_side_state(spec.relative, params, k * spec.key_side_scale, call, group=spec.group_size)
     causal_block = (
         spec.causal
         and default
@@ -245,7 +250,7 @@ def attention(plan: Tiles, spec, params: dict, q, k, v, call: _core.Call):
     )
     # returned weights must stay; under torch.compile the compiler plans the memory itself
     ws = None if records_grad or call.return_weights or torch.compiler.is_compiling() else Workspace(q.device)
-    run = _Run(spec, call, q_s, k, v, spec.group_size, unit, hooks, state, stat, causal_block, future, ws)
+    run = _Run(spec, call, q_s, k, v, spec.group_size, unit, hooks, state, side, stat, causal_block, future, ws)
     outs, weights = [], []
     for t in _flat(grid):
         o, w = _tile(run, t)
@@ -269,6 +274,9 @@ def _tile(run: _Run, t: Tile):
     q_s = run.q_s[t.part]
     kv = t.kv_heads(run.group)  # HEAD-3
     term = run.unit.tile_key_term(run.state, t, ws) if "key_term" in hooks else None  # REL-1
+    if run.side is not None:  # SHAW-6: the key-side term, in the stat dtype (PREC-4)
+        side = run.unit.tile_key_side_term(run.side, t).to(run.stat)
+        term = side if term is None else term.to(run.stat) + side
     logits = _content_logits(q_s, run.k[t.b, kv, : t.k1], term, run.stat, ws)
     logits = _core.softcap(logits, spec.softcap, in_place=ws is not None)  # SOFTCAP-1: before biases and masks
     if "bias" in hooks:  # REL-3 (3): the tile's scheme bias, unscaled, in the stat dtype (PREC-4)
@@ -301,7 +309,7 @@ def _content_logits(q_s, k, term, stat, ws=None):
     """
     B, H, Lq, d = q_s.shape
     Hkv, Lk = k.shape[1], k.shape[2]
-    if term is not None and term.dtype == stat:
+    if term is not None and term.dtype == stat == q_s.dtype:
         rows = (H // Hkv) * Lq  # G * T stacked queries per key/value head
         q3, k3 = q_s.reshape(B * Hkv, rows, d), k.reshape(B * Hkv, Lk, d).transpose(1, 2)
         if ws is not None and term.is_contiguous():  # accumulate into the term itself

@@ -16,6 +16,10 @@ Eager hooks (the readable algorithms, whole (B, H, Lq, Lk) arrays):
 
 - ``key_term(scheme, params, q, delta) -> (B, H, Lq, Lk)`` from q (B, H, Lq, d),
   before the factor s_rel (SCALE-3) that the kernel applies;
+- ``key_side_term(scheme, params, k, delta, *, group) -> (B, H, Lq, Lk)`` from
+  the key heads k (B, Hkv, Lk, d), G = ``group`` query heads per key head
+  (HEAD-3), before the factor ``spec.key_side_scale`` (SHAW-7) that the
+  kernel applies (Shaw's key side, SHAW-6);
 - ``value_term(scheme, params, w, delta) -> (B, H, Lq, dv)`` from the weights
   after dropout w' (B, H, Lq, Lk) (DROP-4), added to ``w' @ v``.
 
@@ -34,7 +38,10 @@ to the tile)):
 - ``tile_key_term(state, tile, ws) -> (b, h, T, k1)`` with s_rel included,
   ``ws`` a ``Workspace`` or None;
 - ``tile_value_term(state, w, tile) -> (b, h, T, dv)`` from the tile's
-  weights after dropout (b, h, T, k1).
+  weights after dropout (b, h, T, k1);
+- ``key_side_state(scheme, params, k, call, *, group) -> state`` once per
+  call, k (B, Hkv, Lk, d) with the key-side factor folded in (SHAW-7), and
+  ``tile_key_side_term(state, tile) -> (b, h, T, k1)``.
 
 Transform hook (every kernel calls it once per call, after the head split
 and before any logit, REL-3 (1); the tiles kernel before its first tile):
@@ -89,7 +96,10 @@ there, so the hooks read small tensors and never reshape):
 - ``score_term(state, b, h, i, j) -> 0-d`` in ``stat``: the key term of
   the pair (s_rel included) for Shaw and Huang, the bias of the pair for
   ALiBi, T5 and Swin; the pair's positions come from
-  ``_bias_tables.pair_positions``.
+  ``_bias_tables.pair_positions``;
+- ``key_side_score_state(scheme, params, k, call, *, group, stat)`` and
+  ``key_side_score_term(state, b, h, i, j)``: the same for a key-side term
+  (SHAW-6), k (B, Hkv, Lk, d) with its factor folded in (SHAW-7).
 
 A later scheme adds one module and, for a hook kind no module has used yet,
 one call site per kernel.

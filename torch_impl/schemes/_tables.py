@@ -46,6 +46,27 @@ def bucket_sums(w: torch.Tensor, index: torch.Tensor, num_rows: int) -> torch.Te
     return out.scatter_add(-1, index.unsqueeze(1).expand(B, H, Lq, Lk), w)
 
 
+def key_rows(k: torch.Tensor, table: torch.Tensor, group: int) -> torch.Tensor:
+    """k @ table.T per query head (REL-2, HEAD-3): k (B, Hkv, Lk, d) with G = ``group`` query heads per key
+    head, table (R, d) | (H, R, d) -> (B, H, Lk, R), one logit per key and table row."""
+    if table.dim() == 2:
+        return rows_logits(k, table).repeat_interleave(group, dim=1) if group > 1 else rows_logits(k, table)
+    return rows_logits(k.repeat_interleave(group, dim=1) if group > 1 else k, table)
+
+
+def gather_key_rows(rk_t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """out[b, h, i, j] = rk_t[b, h, index[b, i, j], j]: rk_t (B, H, R, Lk) (``key_rows`` transposed),
+    index (1|B, Lq, Lk) -> (B, H, Lq, Lk): a key-side term (SHAW-6)."""
+    B, H = rk_t.shape[:2]
+    return torch.gather(rk_t, -2, index.unsqueeze(1).expand(B, H, *index.shape[-2:]))
+
+
+def bucket_sums_valid(w: torch.Tensor, index: torch.Tensor, valid: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """``bucket_sums`` over the pairs where ``valid`` (1|B, Lq, Lk) holds: the other pairs go to one extra
+    bucket, dropped. (B, H, Lq, Lk) -> (B, H, Lq, R)."""
+    return bucket_sums(w, torch.where(valid, index, num_rows), num_rows + 1)[..., :num_rows]
+
+
 def head_rows(table: torch.Tensor, heads: slice) -> torch.Tensor:
     """REL-2: the table of a group of heads: (R, d) stays, (H, R, d) -> (H', R, d)."""
     return table[heads] if table.dim() == 3 else table

@@ -1,4 +1,4 @@
-"""Huang et al. 2018 (Music Transformer) in PyTorch: an unclipped key term (HUANG-1..HUANG-5).
+"""Huang et al. 2018 (Music Transformer) in PyTorch: an unclipped key term and value term (HUANG-1..HUANG-6).
 
 Row ``delta + M - 1`` of ``rel_k`` (R = 2M - 1 rows) holds distance delta;
 a distance beyond the table adds nothing (HUANG-3). Two O(L d)-memory
@@ -11,6 +11,9 @@ algorithms, nothing of shape (Lq, Lk, d) (HUANG-4):
   distances a tile can meet (``distance_rows``, through
   ``spec.index.distance_row_span``), then a reshape or strided view
   (``huang_skew_term``; the tiles with default positions).
+
+The value term (HUANG-6) sums the weights per table row, the pairs beyond
+the table left out, then ``@ rel_v``.
 
 Axis legend (AXES-1): B, H, Lq, Lk, d; a tile holds the queries q0 .. q1 - 1
 (T of them) and the keys 0 .. k1 - 1.
@@ -27,7 +30,7 @@ from spec.index import distance_row_span
 
 from .._workspace import take
 from ._bias_tables import pair_positions
-from ._tables import ScoreState, gather_rows, head_rows, key_score_state, rows_logits
+from ._tables import ScoreState, bucket_sums_valid, gather_rows, head_rows, key_score_state, rows_logits, rows_sum
 
 #: Zero columns pad the (T, W) product of the non-causal skew to a multiple of
 #: this width: they are never read, and the matmul is faster (benchmarks/).
@@ -51,6 +54,13 @@ def key_term(scheme, params: dict, q: torch.Tensor, delta: torch.Tensor) -> torc
     return term.masked_fill(~valid.unsqueeze(1), 0.0)
 
 
+def value_term(scheme, params: dict, w: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """HUANG-6: o_add[b, h, i] = sum_j w'_ij rel_v[delta_ij + M - 1] over |delta| <= M - 1, from the
+    weights after dropout (DROP-4): w' (B, H, Lq, Lk) -> (B, H, Lq, dv) in the table's dtype."""
+    row, valid = huang_index(delta, scheme.max_len)
+    return rows_sum(bucket_sums_valid(w, row, valid, scheme.num_rows), params["rel_v"])
+
+
 # ---------------------------------------------------------------- tile hooks
 class TileState(NamedTuple):
     """What every tile of one call reads, built once (``tile_state``)."""
@@ -59,6 +69,7 @@ class TileState(NamedTuple):
     causal: bool  # the caller masks the keys after the diagonal (CAUSAL-1)
     q: torch.Tensor  # (B, H, Lq, d), the queries as the key term sees them
     table: torch.Tensor  # rel_k, (R, d) or (H, R, d)
+    rel_v: Optional[torch.Tensor]  # HUANG-6, with values
     row: Optional[torch.Tensor]  # HUANG-2 (1|B, Lq, Lk), explicit positions only
     valid: Optional[torch.Tensor]  # HUANG-3 (1|B, Lq, Lk), explicit positions only
 
@@ -74,7 +85,7 @@ def tile_state(scheme, params: dict, q: torch.Tensor, call, *, causal: bool, row
     row = valid = None
     if not call.default_positions:
         row, valid = huang_index(call.delta, scheme.max_len)
-    return TileState(scheme.max_len, causal, q, params["rel_k"], row, valid)
+    return TileState(scheme.max_len, causal, q, params["rel_k"], params.get("rel_v"), row, valid)
 
 
 def tile_key_term(state: TileState, tile, ws=None) -> torch.Tensor:
@@ -85,6 +96,18 @@ def tile_key_term(state: TileState, tile, ws=None) -> torch.Tensor:
         return huang_skew_term(q, table, tile.q0, tile.k1, state.max_len, causal=state.causal, ws=ws)
     term = gather_rows(rows_logits(q, table), tile.cut(state.row, lead=1))
     return term.masked_fill(~tile.cut(state.valid, lead=1).unsqueeze(1), 0.0)
+
+
+def tile_value_term(state: TileState, w: torch.Tensor, tile) -> torch.Tensor:
+    """HUANG-6 for one tile from its weights after dropout (DROP-4): (b, h, T, k1) -> (b, h, T, dv). With
+    default positions the tile's rows are those of j - i for its own queries and keys, (T, k1)."""
+    if state.row is not None:
+        row, valid = tile.cut(state.row, lead=1), tile.cut(state.valid, lead=1)
+    else:
+        i = torch.arange(tile.q0, tile.q1, device=w.device).unsqueeze(1)
+        row, valid = huang_index((torch.arange(tile.k1, device=w.device) - i).unsqueeze(0), state.max_len)
+    buckets = bucket_sums_valid(w, row, valid, 2 * state.max_len - 1)
+    return rows_sum(buckets, head_rows(state.rel_v, tile.h))
 
 
 # ---------------------------------------------------------------- score hooks (FlexAttention)

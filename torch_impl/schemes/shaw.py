@@ -1,14 +1,16 @@
-"""Shaw et al. 2018 in PyTorch: a key term and a value term by clipped distance (SHAW-1..SHAW-5).
+"""Shaw et al. 2018 in PyTorch: a key term, a key-side term and a value term by clipped distance
+(SHAW-1..SHAW-7).
 
-Both terms look table rows up by ``idx = clip(delta, -k, k) + k`` (SHAW-2),
+Every term looks table rows up by ``idx = clip(delta, -k, k) + k`` (SHAW-2),
 R = 2k + 1 rows. The key term is ``q @ rel_k.T`` (B, H, Lq, R) then a
-gather (SHAW-3); the value term sums the weights per row, then ``@ rel_v``
-(SHAW-4). Nothing of shape (Lq, Lk, d) is built.
+gather (SHAW-3); the key-side term ``k @ table.T`` (B, H, Lk, R) then a
+gather per key (SHAW-6); the value term sums the weights per row, then
+``@ rel_v`` (SHAW-4). Nothing of shape (Lq, Lk, d) is built.
 
 Two sets of hooks (the protocol is in ``torch_impl.schemes``):
 
-- the eager hooks ``key_term`` / ``value_term``: the plain algorithms, a
-  gather and a scatter by the (1|B, Lq, Lk) index;
+- the eager hooks ``key_term`` / ``key_side_term`` / ``value_term``: the
+  plain algorithms, gathers and a scatter by the (1|B, Lq, Lk) index;
 - the tile hooks ``tile_state`` / ``tile_key_term`` / ``tile_value_term``:
   with default positions (delta = j - i) the index of a tile depends on
   j - i only, so the key term is two broadcast edge regions and a narrow
@@ -27,8 +29,18 @@ from typing import NamedTuple, Optional
 import torch
 
 from .._workspace import take
-from ._bias_tables import pair_positions
-from ._tables import ScoreState, bucket_sums, gather_rows, head_rows, key_score_state, rows_logits, rows_sum
+from ._bias_tables import call_positions, pair_positions
+from ._tables import (
+    ScoreState,
+    bucket_sums,
+    gather_key_rows,
+    gather_rows,
+    head_rows,
+    key_rows,
+    key_score_state,
+    rows_logits,
+    rows_sum,
+)
 
 
 def shaw_index(delta: torch.Tensor, max_distance: int) -> torch.Tensor:
@@ -43,6 +55,21 @@ def key_term(scheme, params: dict, q: torch.Tensor, delta: torch.Tensor) -> torc
     q (B, H, Lq, d), delta (1|B, Lq, Lk) -> (B, H, Lq, Lk).
     """
     return gather_rows(rows_logits(q, params["rel_k"]), shaw_index(delta, scheme.max_distance))
+
+
+def key_side_table(scheme) -> str:
+    """SHAW-6: the table the key-side term reads: ``rel_k`` (``key_side="shared"``) or ``rel_q`` (``"own"``)."""
+    return "rel_k" if scheme.key_side == "shared" else "rel_q"
+
+
+def key_side_term(scheme, params: dict, k: torch.Tensor, delta: torch.Tensor, *, group: int) -> torch.Tensor:
+    """SHAW-6: term[b, h, i, j] = k_j . table[idx[b, i, j]], before its factor (SHAW-7).
+
+    k (B, Hkv, Lk, d) with ``group`` = G query heads per key head (HEAD-3), delta (1|B, Lq, Lk) ->
+    (B, H, Lq, Lk).
+    """
+    rk_t = key_rows(k, params[key_side_table(scheme)], group).transpose(-1, -2)  # (B, H, R, Lk)
+    return gather_key_rows(rk_t, shaw_index(delta, scheme.max_distance))
 
 
 def value_term(scheme, params: dict, w: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
@@ -101,6 +128,32 @@ def tile_key_term(state: TileState, tile, ws=None) -> torch.Tensor:
     return key_term_banded(r, tile.q0, tile.k1, state.max_distance, state.key_band, out)
 
 
+class KeySideState(NamedTuple):
+    """What every tile's key-side term reads, built once (``key_side_state``)."""
+
+    max_distance: int
+    rows_t: torch.Tensor  # (k @ table.T).T (B, H, R, Lk), its factor folded into k (SHAW-7)
+    index: Optional[torch.Tensor]  # SHAW-2 (1|B, Lq, Lk), explicit positions only
+
+
+def key_side_state(scheme, params: dict, k: torch.Tensor, call, *, group: int) -> KeySideState:
+    """The per-call state of ``tile_key_side_term``: k (B, Hkv, Lk, d) times the term's factor (SHAW-7),
+    ``group`` = G (HEAD-3); one (B, H, R, Lk) product for every tile."""
+    rows_t = key_rows(k, params[key_side_table(scheme)], group).transpose(-1, -2)
+    index = None if call.default_positions else shaw_index(call.delta, scheme.max_distance)
+    return KeySideState(scheme.max_distance, rows_t, index)
+
+
+def tile_key_side_term(state: KeySideState, tile) -> torch.Tensor:
+    """SHAW-6 for one tile: (b, h, T, k1), its factor included. With default positions the tile's index
+    is clip(j - i) of its own queries and keys, (T, k1), built here."""
+    r = state.rows_t[tile.b, tile.h, :, : tile.k1]
+    if state.index is not None:
+        return gather_key_rows(r, tile.cut(state.index, lead=1))
+    delta = torch.arange(tile.k1, device=r.device) - torch.arange(tile.q0, tile.q1, device=r.device).unsqueeze(1)
+    return gather_key_rows(r, shaw_index(delta, state.max_distance).unsqueeze(0))
+
+
 def tile_value_term(state: TileState, w: torch.Tensor, tile) -> torch.Tensor:
     """SHAW-4 for one tile from its weights after dropout (DROP-4): (b, h, T, k1) -> (b, h, T, dv) (HEAD-4)."""
     if state.index is not None:
@@ -121,6 +174,19 @@ def score_term(state: ScoreState, b, h, i, j) -> torch.Tensor:
     """SHAW-3 of one pair (0-d tensors b, h, i, j): q_i . rel_k[idx], s_rel included, 0-d in the stat dtype."""
     q_pos, k_pos = pair_positions(state.q_pos, state.k_pos, b, i, j)
     return state.rows[b, h, i, shaw_index(k_pos - q_pos, state.extent)]
+
+
+def key_side_score_state(scheme, params: dict, k: torch.Tensor, call, *, group: int, stat: torch.dtype) -> ScoreState:
+    """k (B, Hkv, Lk, d) times the key-side factor (SHAW-7), G = ``group`` (HEAD-3): its (B, H, Lk, R) table
+    logits in the stat dtype (PREC-4) and the positions."""
+    rows = key_rows(k, params[key_side_table(scheme)], group).to(stat)
+    return ScoreState(scheme.max_distance, rows, *call_positions(call))
+
+
+def key_side_score_term(state: ScoreState, b, h, i, j) -> torch.Tensor:
+    """SHAW-6 of one pair (0-d tensors b, h, i, j): k_j . table[idx], its factor included, 0-d in the stat dtype."""
+    q_pos, k_pos = pair_positions(state.q_pos, state.k_pos, b, i, j)
+    return state.rows[b, h, j, shaw_index(k_pos - q_pos, state.extent)]
 
 
 # ---------------------------------------------------------------- banded algorithms (default positions)

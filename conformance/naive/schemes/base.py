@@ -1,6 +1,6 @@
 """The hook interface between the naive core and one position scheme (REL-3), and its registry.
 
-A position scheme adds to attention through at most four hook kinds
+A position scheme adds to attention through at most five hook kinds
 (``spec.HOOKS``, in the order the core applies them). For each kind a scheme
 uses (``scheme.hooks``), its naive module supplies the methods below; the
 core calls nothing else, and never looks at the scheme's type. Every method
@@ -18,14 +18,20 @@ dim, R table rows; ``delta`` is the key-minus-query distance (1|B, Lq, Lk)
   from, (1|B, Lq, Lk) int in [0, R), and where that term exists, (1|B, Lq,
   Lk) bool, or None for everywhere. The core does the matmul, the gather,
   the scaling (SCALE-3) and the VJP.
+- ``key_side_term`` (Shaw's key side): ``key_side_index(scheme, delta) ->
+  (table, index)``: the name of the table and the row that logit (b, i, j)
+  adds ``k_j . table[row]`` from, (1|B, Lq, Lk) int in [0, R). The core does
+  the matmul, the gather per key, the factor (SHAW-7) and the VJP.
 - ``bias`` (ALiBi, T5, Swin): ``bias(scheme, P, params, num_heads,
   q_positions, k_positions, delta) -> term``, a query-independent logit
   term broadcastable to (B, H, Lq, Lk) (H = num_heads), rounded by the
   hook; ``bias_vjp(scheme, P, params, num_heads, q_positions, k_positions,
   delta, grad) -> {table: gradient}`` from the logits' gradient grad (B, H, Lq, Lk).
-- ``value_term`` (Shaw values): ``value_index(scheme, delta) -> index``: the
-  row of ``rel_v`` that weight (b, h, i, j) adds into, (1|B, Lq, Lk) int in
-  [0, R). The core does the bucket sum, the matmul and the VJP.
+- ``value_term`` (Shaw values, Huang values): ``value_index(scheme, delta) ->
+  (index, valid)``: the row of ``rel_v`` that weight (b, h, i, j) adds into,
+  (1|B, Lq, Lk) int in [0, R), and where that pair adds anything, (1|B, Lq,
+  Lk) bool, or None for everywhere. The core does the bucket sum, the matmul
+  and the VJP.
 
 Add a scheme by one module in this folder, named after ``scheme.name``, that
 subclasses ``NaiveScheme``, is decorated with ``@register`` and is imported
@@ -55,6 +61,9 @@ class NaiveScheme:
 
     def key_index(self, scheme, delta):
         raise self._missing("key_term")
+
+    def key_side_index(self, scheme, delta):
+        raise self._missing("key_side_term")
 
     def bias(self, scheme, P, params, num_heads, q_positions, k_positions, delta):
         raise self._missing("bias")

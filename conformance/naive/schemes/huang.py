@@ -1,4 +1,5 @@
-"""Huang et al. 2018 (Music Transformer) in the naive emulation: a key term (HUANG-1..HUANG-3)."""
+"""Huang et al. 2018 (Music Transformer) in the naive emulation: a key term and a value term
+(HUANG-1..HUANG-3, HUANG-6)."""
 
 from __future__ import annotations
 
@@ -28,4 +29,8 @@ class HuangHooks(NaiveScheme):
     name = "huang"
 
     def key_index(self, scheme, delta):
+        return huang_index(delta, scheme.max_len)
+
+    def value_index(self, scheme, delta):
+        """HUANG-6: the row of ``rel_v`` of each weight, and where the table reaches (no term beyond)."""
         return huang_index(delta, scheme.max_len)

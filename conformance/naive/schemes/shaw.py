@@ -1,4 +1,4 @@
-"""Shaw et al. 2018 in the naive emulation: a key term and a value term (SHAW-1..SHAW-4)."""
+"""Shaw et al. 2018 in the naive emulation: a key term, a key-side term and a value term (SHAW-1..SHAW-7)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,10 @@ class ShawHooks(NaiveScheme):
         """SHAW-3: the row of ``rel_k`` per (b, i, j); the term exists everywhere (clipped)."""
         return shaw_index(delta, scheme.max_distance), None
 
+    def key_side_index(self, scheme, delta):
+        """SHAW-6: the key-side table (``rel_k`` shared, or its own ``rel_q``) and its row per (b, i, j)."""
+        return ("rel_k" if scheme.key_side == "shared" else "rel_q"), shaw_index(delta, scheme.max_distance)
+
     def value_index(self, scheme, delta):
-        """SHAW-4: the row of ``rel_v`` that weight (b, h, i, j) adds into."""
-        return shaw_index(delta, scheme.max_distance)
+        """SHAW-4: the row of ``rel_v`` that weight (b, h, i, j) adds into; every pair adds."""
+        return shaw_index(delta, scheme.max_distance), None
