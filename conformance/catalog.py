@@ -679,6 +679,16 @@ def _cases() -> list[Case]:
             recipes=(Mask("BHQK", empty_rows=1, dead_keys=1),),
         )
     )
+    # (B, L) positions: each batch element's key-side rows follow its own distances (B = H = 2)
+    add(
+        Case(
+            "shaw-key-side/k2/cross/per-batch-positions",
+            ("SHAW-6", "POS-1", "POS-2"),
+            replace(S2, relative=Shaw(2, values=False, key_side="own")),
+            CROSS,
+            recipes=(Positions("random-per-batch"),),
+        )
+    )
     add(
         Case(
             "shaw-key-side/k2/cross/softcap",
@@ -716,6 +726,15 @@ def _cases() -> list[Case]:
             replace(H8, relative=Huang(3, per_head=False, values=True), value_head_dim=5),
             CROSS,
             recipes=(Positions("random"),),
+        )
+    )
+    add(
+        Case(
+            "huang-values/M3/cross/per-batch-positions",
+            ("HUANG-3", "HUANG-6", "POS-1", "POS-2"),
+            replace(H8, relative=Huang(3, values=True)),
+            CROSS,
+            recipes=(Positions("random-per-batch"),),
         )
     )
     add(

@@ -79,6 +79,8 @@ CLI_ONLY = {
             "timm-window-attention",
             "hf-bert-relative-key",
             "hf-esm-relative-key",
+            "hf-bert-relative-key-query",
+            "hf-esm-relative-key-query",
             "hf-t5-attention",
             "keras-hub-alibi",
         ],

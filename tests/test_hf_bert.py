@@ -72,3 +72,54 @@ def test_esm_relative_key_is_the_same_shaw_term_with_a_float32_softmax():
     assert _rel(out32, want) < 200 * 2.0**-24
     out64 = esm.forward(SPEC, params, {"query": x}, device="cpu", need_weights=False)["out"]
     assert 1e-12 < _rel(out64, want) < 1e-5
+
+
+KQ = AttentionSpec(2, 4, relative=Shaw(8, values=False, key_side="shared"))
+
+
+def test_relative_key_query_adds_the_shared_key_side_term_scaled():
+    """SHAW-6, SHAW-7: BertSelfAttention(relative_key_query) is Shaw(k, values=False, key_side="shared") with
+    the same reversed table, its key-side term k_j . rel_k[idx] scaled with the rest; without the key-side term
+    (relative_key's spec) or with it unscaled (ESM's) the reference is elsewhere."""
+    from conformance.adapters.hf_bert import HFBertRelativeKeyQueryAdapter
+
+    params, x = _call()
+    out = HFBertRelativeKeyQueryAdapter().forward(KQ, params, {"query": x}, device="cpu", need_weights=False)["out"]
+    assert _rel(out, numpy_ref.attention(KQ, params, x)) < 1e-13
+    assert _rel(out, numpy_ref.attention(SPEC, params, x)) > 1e-2
+    unscaled = AttentionSpec(2, 4, relative=Shaw(8, values=False, key_side="shared", key_side_scaled=False))
+    assert _rel(out, numpy_ref.attention(unscaled, params, x)) > 1e-2
+
+
+def test_esm_relative_key_query_leaves_the_key_side_term_unscaled():
+    """SHAW-7: ESM scales the query before its three products, so its key-side term k_j . E[idx] is unscaled:
+    Shaw(k, values=False, key_side="shared", key_side_scaled=False), to float32 rounding (its softmax is
+    float32); BERT's scaled mapping is elsewhere."""
+    from conformance.adapters.hf_bert import HFEsmRelativeKeyQueryAdapter
+
+    esm = HFEsmRelativeKeyQueryAdapter()
+    unscaled = AttentionSpec(2, 4, relative=Shaw(8, values=False, key_side="shared", key_side_scaled=False))
+    params, x = _call()
+    f32 = {n: a.astype(np.float32) for n, a in params.items()}
+    out = esm.forward(unscaled, f32, {"query": x.astype(np.float32)}, device="cpu", need_weights=False)["out"]
+    assert _rel(out, numpy_ref.attention(unscaled, params, x)) < 200 * 2.0**-24
+    assert _rel(out, numpy_ref.attention(KQ, params, x)) > 1e-2
+
+
+def test_relative_key_query_adapters_take_only_their_own_key_side():
+    """The adapters say which Shaw configurations they are (key_side='shared', scaled or not) and skip the rest."""
+    from conformance.adapters.hf_bert import HFBertRelativeKeyQueryAdapter, HFEsmRelativeKeyQueryAdapter
+    from conformance.catalog import CASES
+
+    by_id = {c.id: c for c in CASES}
+    bert, esm = HFBertRelativeKeyQueryAdapter(), HFEsmRelativeKeyQueryAdapter()
+    scaled, unscaled = (
+        by_id["shaw-key-side/k8/self/shared-within-reach-padding"],
+        by_id["shaw-key-side/k8/self/shared-unscaled"],
+    )
+    assert bert.unsupported_case(scaled) is None and esm.unsupported_case(unscaled) is None
+    assert "does not scale its key-side term" in esm.unsupported_case(scaled)
+    assert "scales its key-side term" in bert.unsupported_case(unscaled)
+    own = by_id["shaw-key-side/k2/cross/own-only-causal-bottom-right"]
+    assert "key_side='shared'" in bert.unsupported_case(own)
+    assert bert.capabilities().requires == frozenset({"shaw-key-side"})

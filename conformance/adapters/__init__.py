@@ -47,6 +47,8 @@ BUILTIN = {
     "timm-window-attention": "conformance.adapters.timm_swin:TimmWindowAttentionAdapter",
     "hf-bert-relative-key": "conformance.adapters.hf_bert:HFBertRelativeKeyAdapter",
     "hf-esm-relative-key": "conformance.adapters.hf_bert:HFEsmRelativeKeyAdapter",
+    "hf-bert-relative-key-query": "conformance.adapters.hf_bert:HFBertRelativeKeyQueryAdapter",
+    "hf-esm-relative-key-query": "conformance.adapters.hf_bert:HFEsmRelativeKeyQueryAdapter",
     "hf-t5-attention": "conformance.adapters.hf_bias_layers:HFT5AttentionAdapter",
     "keras-hub-rope": "conformance.adapters.jax_rope_libs:KerasHubRopeAdapter",
     "gemma-rope": "conformance.adapters.jax_rope_libs:GemmaRopeAdapter",

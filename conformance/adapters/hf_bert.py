@@ -28,6 +28,8 @@ Axis legend (AXES-1): B, H, Lq, Lk, D, d; P max_position_embeddings.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from . import _glue, _torch
@@ -46,6 +48,7 @@ class HFBertRelativeKeyAdapter(_LayerAdapter):
     table = "distance_embedding.weight"
     table_param = "rel_k"
     cross_attention = True  # encoder_hidden_states carries the keys (and, by the hooks, the values)
+    embedding_type = "relative_key"
 
     def unavailable(self):
         missing = _torch.torch_available()
@@ -109,7 +112,7 @@ class HFBertRelativeKeyAdapter(_LayerAdapter):
             hidden_size=spec.num_heads * spec.head_dim,
             num_attention_heads=spec.num_heads,
             max_position_embeddings=_glue.scheme(spec, "shaw").max_distance + 1,
-            position_embedding_type="relative_key",
+            position_embedding_type=self.embedding_type,
             attention_probs_dropout_prob=0.0,
             attn_implementation="eager",
             **extra,
@@ -141,6 +144,34 @@ class HFBertRelativeKeyAdapter(_LayerAdapter):
         cross = t.get("key") if self.cross_attention else None  # the k, v linears read their own inputs (hooks)
         context, weights = m(x, attention_mask=mask, encoder_hidden_states=cross, output_attentions=True)
         return m.out_proj(context), weights
+
+
+class _KeyQuery:
+    """``relative_key_query``: ``relative_key`` plus the key-side term ``k_j . E[i - j + P - 1]`` from the same
+    table (SHAW-6, ``key_side="shared"``); whether it is scaled (SHAW-7) is the model's ``key_side_scaled``."""
+
+    embedding_type = "relative_key_query"
+    key_side_scaled = True
+
+    def capabilities(self):
+        caps = super().capabilities()
+        return replace(caps, features=caps.features | {"shaw-key-side"}, requires=frozenset({"shaw-key-side"}))
+
+    def unsupported_case(self, case):
+        shaw = _glue.scheme(case.spec, "shaw")
+        if shaw is not None and shaw.key_side != "shared":
+            return f"{self.embedding_type} reads its one distance table for the query and the key (key_side='shared')"
+        if shaw is not None and shaw.key_side_scaled != self.key_side_scaled:
+            return f"{self.embedding_type} {'scales' if self.key_side_scaled else 'does not scale'} its key-side term"
+        return super().unsupported_case(case)
+
+
+class HFBertRelativeKeyQueryAdapter(_KeyQuery, HFBertRelativeKeyAdapter):
+    """BERT's ``relative_key_query``: the three terms summed before the ``1/sqrt(d)`` scale,
+    ``Shaw(P - 1, values=False, key_side="shared")`` (the key-side term scaled, SHAW-7)."""
+
+    name = "hf-bert-relative-key-query"
+    description = "transformers 4.x BertSelfAttention(position_embedding_type='relative_key_query'), weights loaded"
 
 
 class HFEsmRelativeKeyAdapter(HFBertRelativeKeyAdapter):
@@ -176,3 +207,12 @@ class HFEsmRelativeKeyAdapter(HFBertRelativeKeyAdapter):
         from transformers.models.esm.modeling_esm import EsmSelfAttention
 
         return EsmConfig, EsmSelfAttention, {"vocab_size": 33}
+
+
+class HFEsmRelativeKeyQueryAdapter(_KeyQuery, HFEsmRelativeKeyAdapter):
+    """ESM's ``relative_key_query``: its query is scaled before all three products, so the key-side term is
+    the one term left unscaled: ``Shaw(P - 1, values=False, key_side="shared", key_side_scaled=False)`` (SHAW-7)."""
+
+    name = "hf-esm-relative-key-query"
+    description = "transformers 4.x EsmSelfAttention(position_embedding_type='relative_key_query'), weights loaded"
+    key_side_scaled = False
