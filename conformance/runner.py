@@ -24,17 +24,18 @@ class Deviation:
     case: object  # an fnmatch pattern over case ids, or a list of them
     check: str  # fnmatch pattern over check names
     reason: str
-    dtype: str = "*"
+    dtype: object = "*"  # an fnmatch pattern over dtype names, or a list of them
     device: str = "*"
     name: str = ""
 
     def matches(self, r: CheckResult) -> bool:
         cases = [self.case] if isinstance(self.case, str) else self.case
+        dtypes = [self.dtype] if isinstance(self.dtype, str) else self.dtype
         return (
             r.adapter == self.adapter
             and any(fnmatch.fnmatchcase(r.case, c) for c in cases)
             and fnmatch.fnmatchcase(r.check, self.check)
-            and fnmatch.fnmatchcase(r.dtype, self.dtype)
+            and any(fnmatch.fnmatchcase(r.dtype, t) for t in dtypes)
             and fnmatch.fnmatchcase(r.device, self.device)
         )
 

@@ -14,6 +14,7 @@ import spec
 from conformance import catalog, generate, runner, store
 from conformance.adapters import load_adapter
 from conformance.adapters.numpy_ref_adapter import NumpyRefAdapter
+from conformance.checks import CheckResult
 from conformance.mutants import MUTANTS, killed_by_rule
 
 
@@ -252,6 +253,14 @@ def test_deviation_marks_a_real_failure_as_expected():
         deviations=[fake],
     )
     assert {r.status for r in results} <= {"deviation", "pass"} and any(r.status == "deviation" for r in results)
+
+
+def test_deviation_dtypes_may_be_a_list():
+    """A deviation's dtype, like its case, is one pattern or a list of them: it matches exactly the listed."""
+    dev = runner.Deviation(adapter="a", case="c", check="*", dtype=["float64", "*16"], reason="r", name="x")
+    base = dict(case="c", adapter="a", device="cpu", check="out", status="fail", rules=())
+    matched = {t for t in ("float64", "float32", "bfloat16", "float16") if dev.matches(CheckResult(dtype=t, **base))}
+    assert matched == {"float64", "bfloat16", "float16"}
 
 
 def cli(*args):

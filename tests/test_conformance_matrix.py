@@ -29,10 +29,10 @@ conformance run``, and so does the quick start's first command (all but
 - the outside RoPE and position-bias adapters (``hf-*``,
   ``rotary-embedding-torch``, ``torchtune-rope``, ``xt-*``,
   ``keras-hub-*``, ``gemma-rope``, ``bloom-alibi``, ``mpt-alibi``,
-  ``falcon-alibi``, ``timm-window-attention``): their own test files here
-  check each library against the reference, and ``.ci/run`` runs their
-  cells (timm and transformers 4.x, for ``hf-bert-relative-key``, in
-  environments of their own).
+  ``falcon-alibi``, ``timm-window-attention``, ``t2t-*``): their own test
+  files here check each library against the reference, and ``.ci/run`` runs
+  their cells (timm, transformers 4.x for ``hf-bert-relative-key``, and
+  tensor2tensor in environments of their own).
 """
 
 import pytest
@@ -83,6 +83,8 @@ CLI_ONLY = {
             "hf-esm-relative-key-query",
             "hf-t5-attention",
             "keras-hub-alibi",
+            "t2t-shaw",
+            "t2t-huang",
         ],
         ALL,
     ),

@@ -49,6 +49,8 @@ BUILTIN = {
     "hf-esm-relative-key": "conformance.adapters.hf_bert:HFEsmRelativeKeyAdapter",
     "hf-bert-relative-key-query": "conformance.adapters.hf_bert:HFBertRelativeKeyQueryAdapter",
     "hf-esm-relative-key-query": "conformance.adapters.hf_bert:HFEsmRelativeKeyQueryAdapter",
+    "t2t-shaw": "conformance.adapters.t2t:T2TShawAdapter",
+    "t2t-huang": "conformance.adapters.t2t:T2THuangAdapter",
     "hf-t5-attention": "conformance.adapters.hf_bias_layers:HFT5AttentionAdapter",
     "keras-hub-rope": "conformance.adapters.jax_rope_libs:KerasHubRopeAdapter",
     "gemma-rope": "conformance.adapters.jax_rope_libs:GemmaRopeAdapter",
