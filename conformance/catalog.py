@@ -287,6 +287,28 @@ def _cases() -> list[Case]:
             recipes=(Mask("B11K", dead_keys=1),),
         )
     )
+    # Shaw keys past the table's reach, clipped (Wav2Vec2-BERT's relative_key clips); and BERT's term added after
+    # the scale (ALBERT's relative_key: SCALE-3 with s_rel = 1), within reach (ALBERT cannot clip)
+    add(
+        Case(
+            "shaw/k3/self/keys-only-clipped-padding",
+            REL + ("SHAW-1", "SHAW-2", "SHAW-3", "MASK-1"),
+            replace(S2, relative=Shaw(3, values=False)),
+            Dims(2, 9, 9),
+            self_attention=True,
+            recipes=(Mask("B11K", dead_keys=1),),
+        )
+    )
+    add(
+        Case(
+            "shaw/k8/self/keys-unscaled-within-reach-padding",
+            REL + ("SHAW-1", "SHAW-2", "SHAW-3", "MASK-1"),
+            replace(S2, relative=Shaw(8, values=False), scale_relative=False),
+            Dims(2, 9, 9),
+            self_attention=True,
+            recipes=(Mask("B11K", dead_keys=1),),
+        )
+    )
     add(
         Case(
             "shaw/k8/cross/keys-within-reach-empty-row",
@@ -607,6 +629,29 @@ def _cases() -> list[Case]:
             "shaw-key-side/k8/self/shared-within-reach-padding",
             REL + ("SHAW-1", "SHAW-2", "SHAW-3", "SHAW-6", "SHAW-7", "MASK-1", "MASK-7"),
             KS,
+            Dims(2, 9, 9),
+            self_attention=True,
+            recipes=(Mask("B11K", dead_keys=1),),
+        )
+    )
+    # ALBERT's relative_key_query: both relative terms from the one table, added after the scale (s_rel = 1)
+    add(
+        Case(
+            "shaw-key-side/k8/self/shared-unscaled-relative-padding",
+            REL + ("SHAW-1", "SHAW-2", "SHAW-3", "SHAW-6", "SHAW-7", "MASK-1"),
+            replace(KS, scale_relative=False),
+            Dims(2, 9, 9),
+            self_attention=True,
+            recipes=(Mask("B11K", dead_keys=1),),
+        )
+    )
+    # DeBERTa-v2's self-attention as it runs: content-to-position and position-to-content from tables of their
+    # own per head, past their reach (clipped), one scale 1 / sqrt(3 d) for the three logits, a padding mask
+    add(
+        Case(
+            "shaw-key-side/k2/self/own-per-head-scale-third-padding",
+            REL + ("SHAW-1", "SHAW-2", "SHAW-3", "SHAW-6", "SHAW-7", "SCALE-1", "MASK-1"),
+            replace(S2, relative=Shaw(2, values=False, per_head=True, key_side="own"), scale=1 / math.sqrt(3 * 4)),
             Dims(2, 9, 9),
             self_attention=True,
             recipes=(Mask("B11K", dead_keys=1),),

@@ -122,4 +122,42 @@ def test_relative_key_query_adapters_take_only_their_own_key_side():
     assert "scales its key-side term" in bert.unsupported_case(unscaled)
     own = by_id["shaw-key-side/k2/cross/own-only-causal-bottom-right"]
     assert "key_side='shared'" in bert.unsupported_case(own)
-    assert bert.capabilities().requires == frozenset({"shaw-key-side"})
+    assert bert.capabilities().requires == frozenset({"shaw", "shaw-key-side"})
+
+
+ALBERT_SPEC = AttentionSpec(2, 4, relative=Shaw(8, values=False), scale_relative=False)
+
+
+def test_albert_adds_the_relative_term_after_the_scale():
+    """SCALE-3: AlbertAttention(relative_key) is BERT's reversed table with the relative term added after
+    1/sqrt(d): Shaw(k, values=False) with scale_relative=False, its output the dense linear's (before ALBERT's
+    residual and LayerNorm), gradients included; BERT's scaled mapping is elsewhere."""
+    from conformance.adapters.hf_bert import HFAlbertRelativeKeyAdapter
+
+    albert = HFAlbertRelativeKeyAdapter()
+    params, x = _call()
+    g = np.random.default_rng(3).normal(size=x.shape)
+    out = albert.forward(ALBERT_SPEC, params, {"query": x}, device="cpu", need_weights=False)["out"]
+    assert _rel(out, numpy_ref.attention(ALBERT_SPEC, params, x)) < 1e-13
+    assert _rel(out, numpy_ref.attention(SPEC, params, x)) > 1e-2
+    grads = albert.vjp(ALBERT_SPEC, params, {"query": x, "key": x, "value": x}, g, device="cpu")
+    truth = numpy_ref.attention_vjp(ALBERT_SPEC, params, x, x, x, grad_out=g)
+    for n in ("query", "key", "value", "wq", "wk", "wv", "wo", "bo", "rel_k"):
+        assert _rel(grads[n], truth[n]) < 1e-12, n
+
+
+def test_albert_relative_key_query_leaves_both_relative_terms_unscaled():
+    """SHAW-6, SHAW-7: ALBERT's relative_key_query adds q_i . E[idx] and k_j . E[idx] after the scale:
+    Shaw(k, values=False, key_side="shared") with scale_relative=False (the key-side term's factor is s_rel = 1);
+    the adapter runs only the cases with the relative terms unscaled."""
+    from conformance.adapters.hf_bert import HFAlbertRelativeKeyQueryAdapter
+    from conformance.catalog import BY_ID
+
+    albert = HFAlbertRelativeKeyQueryAdapter()
+    spec = AttentionSpec(2, 4, relative=Shaw(8, values=False, key_side="shared"), scale_relative=False)
+    params, x = _call()
+    out = albert.forward(spec, params, {"query": x}, device="cpu", need_weights=False)["out"]
+    assert _rel(out, numpy_ref.attention(spec, params, x)) < 1e-13
+    assert _rel(out, numpy_ref.attention(KQ, params, x)) > 1e-2
+    assert albert.capabilities().requires == frozenset({"shaw", "shaw-key-side", "unscaled-relative"})
+    assert albert.unsupported_case(BY_ID["shaw-key-side/k8/self/shared-unscaled-relative-padding"]) is None

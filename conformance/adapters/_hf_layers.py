@@ -63,3 +63,21 @@ def own_inputs(m, leaves: dict):
     finally:
         for h in hooks:
             h.remove()
+
+
+def additive_mask(spec, inputs: dict, t: dict, Lk: int):
+    """The additive mask Hugging Face's encoders build from a boolean one (``get_extended_attention_mask``:
+    ``finfo(dtype).min`` where a key is masked, MASK-1), plus the bias input (BIAS-1); (B, H, Lq, Lk), or None
+    when the call has neither."""
+    import torch
+
+    x = t["query"]
+    mask = None
+    if inputs.get("mask") is not None:
+        allowed = _torch.allowed_mask(spec, inputs, x.shape[0], spec.num_heads, x.shape[1], Lk, str(x.device))
+        mask = torch.zeros(allowed.shape, dtype=x.dtype, device=x.device).masked_fill(
+            ~allowed, torch.finfo(x.dtype).min
+        )
+    if t.get("bias") is not None:
+        mask = t["bias"] if mask is None else mask + t["bias"]
+    return mask

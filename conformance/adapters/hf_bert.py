@@ -32,7 +32,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from . import _glue, _torch
+from . import _glue, _hf_layers, _torch
 from .base import Capabilities
 from .hf_bias_layers import _LayerAdapter
 
@@ -128,19 +128,9 @@ class HFBertRelativeKeyAdapter(_LayerAdapter):
         return np.asarray(table)[::-1]
 
     def call(self, spec, m, t, inputs, *, training):
-        import torch
 
         x = t["query"]
-        B, Lq = x.shape[:2]
-        Lk = t.get("key", x).shape[1]
-        mask = None
-        if inputs.get("mask") is not None:  # get_extended_attention_mask: (1 - mask) * finfo(dtype).min
-            allowed = _torch.allowed_mask(spec, inputs, B, spec.num_heads, Lq, Lk, str(x.device))
-            mask = torch.zeros(allowed.shape, dtype=x.dtype, device=x.device).masked_fill(
-                ~allowed, torch.finfo(x.dtype).min
-            )
-        if t.get("bias") is not None:
-            mask = t["bias"] if mask is None else mask + t["bias"]
+        mask = _hf_layers.additive_mask(spec, inputs, t, t.get("key", x).shape[1])
         cross = t.get("key") if self.cross_attention else None  # the k, v linears read their own inputs (hooks)
         context, weights = m(x, attention_mask=mask, encoder_hidden_states=cross, output_attentions=True)
         return m.out_proj(context), weights
@@ -155,7 +145,7 @@ class _KeyQuery:
 
     def capabilities(self):
         caps = super().capabilities()
-        return replace(caps, features=caps.features | {"shaw-key-side"}, requires=frozenset({"shaw-key-side"}))
+        return replace(caps, features=caps.features | {"shaw-key-side"}, requires=caps.requires | {"shaw-key-side"})
 
     def unsupported_case(self, case):
         shaw = _glue.scheme(case.spec, "shaw")
@@ -216,3 +206,67 @@ class HFEsmRelativeKeyQueryAdapter(_KeyQuery, HFEsmRelativeKeyAdapter):
     name = "hf-esm-relative-key-query"
     description = "transformers 4.x EsmSelfAttention(position_embedding_type='relative_key_query'), weights loaded"
     key_side_scaled = False
+
+
+class HFAlbertRelativeKeyAdapter(HFBertRelativeKeyAdapter):
+    """ALBERT's ``AlbertAttention(relative_key)``: BERT's term with the same reversed table, added *after* the
+    ``1/sqrt(d)`` scale (SCALE-3 with ``scale_relative=False``); self-attention only. Its ``dense`` linear is the
+    output projection (``wo``, ``bo``); the layer then adds the residual and a LayerNorm, which are not attention,
+    so the adapter takes ``dense``'s output through a forward hook."""
+
+    name = "hf-albert-relative-key"
+    description = "transformers 4.x AlbertAttention(position_embedding_type='relative_key'), weights loaded"
+    projections = (("query", "wq", "bq"), ("key", "wk", "bk"), ("value", "wv", "bv"), ("dense", "wo", "bo"))
+    cross_attention = False
+
+    def capabilities(self):
+        caps = super().capabilities()
+        notes = {k: v for k, v in caps.notes.items() if k != "unscaled-relative"}
+        notes["cross-attention"] = "AlbertAttention is self-attention only"
+        return replace(
+            caps,
+            features=caps.features - {"cross-attention"} | {"unscaled-relative"},
+            notes=notes,
+            requires=caps.requires | {"unscaled-relative"},
+        )
+
+    def classes(self):
+        from transformers import AlbertConfig
+        from transformers.models.albert.modeling_albert import AlbertAttention
+
+        return AlbertConfig, AlbertAttention, {}
+
+    def build(self, spec, dtype, device):
+        config_class, layer_class, extra = self.classes()
+        config = config_class(
+            hidden_size=spec.model_dim,
+            embedding_size=spec.model_dim,
+            num_attention_heads=spec.num_heads,
+            intermediate_size=4 * spec.model_dim,
+            max_position_embeddings=_glue.scheme(spec, "shaw").max_distance + 1,
+            position_embedding_type=self.embedding_type,
+            attention_probs_dropout_prob=0.0,
+            hidden_dropout_prob=0.0,
+            **extra,
+        )
+        return layer_class(config).to(device=device, dtype=_torch.torch_dtype(dtype)).eval()
+
+    def call(self, spec, m, t, inputs, *, training):
+        x = t["query"]
+        mask = _hf_layers.additive_mask(spec, inputs, t, x.shape[1])
+        seen = []
+        hook = m.dense.register_forward_hook(lambda mod, args, out: seen.append(out))
+        try:  # the dense output, before the residual and the LayerNorm (OUT-1)
+            _, weights = m(x, attention_mask=mask, output_attentions=True)
+        finally:
+            hook.remove()
+        return seen[0], weights
+
+
+class HFAlbertRelativeKeyQueryAdapter(_KeyQuery, HFAlbertRelativeKeyAdapter):
+    """ALBERT's ``relative_key_query``: both relative terms from the one table, added after the scale:
+    ``Shaw(P - 1, values=False, key_side="shared")`` with ``scale_relative=False`` (SHAW-6, SHAW-7: the key-side
+    term's factor is ``s_rel = 1`` too)."""
+
+    name = "hf-albert-relative-key-query"
+    description = "transformers 4.x AlbertAttention(position_embedding_type='relative_key_query'), weights loaded"

@@ -92,9 +92,18 @@ class _LayerAdapter(_torch.TorchAdapter):
 
         m = self.load_weights(self.build(spec, params["wq"].dtype.name, device), params, device)
         with torch.no_grad():
-            table = self._table(m)
-            table.copy_(_torch.to_torch(np.ascontiguousarray(self.to_table(params[self.table_param])), device))
+            self.load_tables(m, params, device)
         return m
+
+    def load_tables(self, m, params: dict, device: str) -> None:
+        """Write the canonical table(s) into the layer's parameters (under no_grad)."""
+        table = _torch.to_torch(np.ascontiguousarray(self.to_table(params[self.table_param])), device)
+        self._table(m).copy_(table)
+
+    def tables(self, m, *, grad: bool) -> dict:
+        """The canonical table(s) read back from the layer (PARAM-3), or their gradients after a backward pass."""
+        table = self._table(m).grad if grad else self._table(m)
+        return {self.table_param: np.ascontiguousarray(self.from_table(_torch.to_numpy(table)))}
 
     def _table(self, m):
         obj = m
@@ -104,9 +113,7 @@ class _LayerAdapter(_torch.TorchAdapter):
 
     def roundtrip_params(self, spec, params):
         m = self.layer(spec, params, "cpu")
-        back = self.canonical_weights(m)
-        back[self.table_param] = np.ascontiguousarray(self.from_table(_torch.to_numpy(self._table(m))))
-        return back
+        return {**self.canonical_weights(m), **self.tables(m, grad=False)}
 
     def forward(self, spec, params, inputs, *, device, need_weights):
         import torch
@@ -134,8 +141,7 @@ class _LayerAdapter(_torch.TorchAdapter):
             out, _ = self.call(spec, m, t, inputs, training=True)
         out.backward(_torch.to_torch(grad_out, device))
         grads = {n: _torch.to_numpy(t[n].grad if t[n].grad is not None else torch.zeros_like(t[n])) for n in names}
-        grads[self.table_param] = np.ascontiguousarray(self.from_table(_torch.to_numpy(self._table(m).grad)))
-        return {**grads, **self.weight_gradients(m)}
+        return {**grads, **self.tables(m, grad=True), **self.weight_gradients(m)}
 
 
 # ---------------------------------------------------------------------------- Swin
