@@ -260,6 +260,29 @@ def cmd_onnx_node_tests(args) -> int:
     return 1 if any(o.status == "disagree" for o in outcomes) else 0
 
 
+def cmd_report(args) -> int:
+    """One report of runs made in separate environments (each ``run --report DIR``'s results.jsonl)."""
+    runs = {}
+    for folder in args.runs:
+        path = pathlib.Path(folder) / "results.jsonl"
+        if not path.is_file():
+            raise UsageError(f"{folder}: expected a folder that `run --report` wrote (with results.jsonl), got none")
+        runs[folder] = report.load_results(path)
+    try:
+        results = report.merge(runs)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if args.adapter:
+        unknown = sorted(set(args.adapter) - {r.adapter for r in results})
+        if unknown:
+            raise UsageError(f"--adapter {', '.join(unknown)}: expected adapters of the runs, got none of that name")
+        results = [r for r in results if r.adapter in args.adapter]
+    print(report.summary_table(results))
+    for path in report.write_reports(results, _check_report_dir(args.out)):
+        print(f"wrote {path}")
+    return 1 if any(r.failed for r in results) else 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m conformance", description=f"attnspec {SPEC_VERSION} conformance harness"
@@ -286,6 +309,12 @@ def parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("-v", "--verbose", action="store_true", help="also list why cells were skipped")
+    rep = sub.add_parser(
+        "report", help="one report (results.jsonl, matrix.md, report.html, matrix.png) of runs in separate environments"
+    )
+    rep.add_argument("runs", nargs="+", help="folders written by `run --report`; each adapter from the run it ran in")
+    rep.add_argument("--out", required=True, help="folder for the merged report")
+    rep.add_argument("--adapter", action="append", help="keep only these adapters (repeatable)")
     sub.add_parser("list", help="cases, rules and adapters")
     sub.add_parser("generate", help="rebuild the golden vectors and the manifest")
     ver = sub.add_parser("verify", help="recompute the goldens; report drift beyond the noise bounds of PREC-5")
@@ -319,6 +348,7 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     command = {
         "run": cmd_run,
+        "report": cmd_report,
         "list": cmd_list,
         "generate": cmd_generate,
         "verify": cmd_verify,

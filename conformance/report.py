@@ -134,6 +134,37 @@ def markdown_matrix(results: list) -> str:
     return "\n".join(lines) + "\n"
 
 
+def load_results(path: pathlib.Path) -> list:
+    """The check records of a ``results.jsonl`` that ``write_reports`` wrote, as CheckResults."""
+    from .checks import CheckResult
+
+    out = []
+    for line in pathlib.Path(path).read_text(encoding="utf-8").splitlines():
+        rec = json.loads(line)
+        rec["rules"] = tuple(rec["rules"])
+        out.append(CheckResult(**rec))
+    return out
+
+
+def merge(runs: dict) -> list:
+    """One result list of runs made in separate environments (``{label: results}``, in order): each adapter's
+    records come from the run in which it ran (any record that is not a skip); an adapter that ran in none
+    keeps the first run's skips, with their reasons. An adapter that ran in two runs is a ValueError naming
+    both: which one certifies it would be a guess."""
+    ran: dict = {}
+    for label, results in runs.items():
+        for name in {r.adapter for r in results if r.status != "skip"}:
+            if name in ran:
+                raise ValueError(f"adapter {name!r} ran in both {ran[name]} and {label}: expected it in one run")
+            ran[name] = label
+    first: dict = {}  # adapter -> the first run that names it
+    for label, results in runs.items():
+        for r in results:
+            first.setdefault(r.adapter, label)
+    source = {name: ran.get(name, label) for name, label in first.items()}
+    return [r for label, results in runs.items() for r in results if source[r.adapter] == label]
+
+
 def write_reports(results: list, directory: pathlib.Path) -> list:
     directory = pathlib.Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

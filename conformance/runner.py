@@ -175,13 +175,13 @@ def _run_cells(plan: Plan, directory: pathlib.Path, progress: Optional[Callable]
                 a.release()  # the previous case's compiled programs are not needed again
             used, ran = [], {}
         previous = case.id
-        if adapter not in used:
-            used.append(adapter)
         if progress:
             progress(adapter.name, device, dtype, case.id)
         if skip:
             results.append(CheckResult(case.id, adapter.name, dtype, device, "*", "skip", case.all_rules, message=skip))
             continue
+        if adapter not in used:  # an adapter that only skipped has nothing to release (its framework may be absent)
+            used.append(adapter)
         if case.id not in manifest["cases"]:
             results.append(
                 CheckResult(

@@ -255,6 +255,24 @@ def test_deviation_marks_a_real_failure_as_expected():
     assert {r.status for r in results} <= {"deviation", "pass"} and any(r.status == "deviation" for r in results)
 
 
+def test_an_unavailable_adapter_is_never_asked_to_release():
+    """An adapter whose framework is absent only skips: the runner never calls its release() (which would import
+    that framework), so a run names it unavailable instead of crashing."""
+
+    class Absent(NumpyRefAdapter):
+        name = "absent"
+
+        def unavailable(self):
+            return "not installed here"
+
+        def release(self):
+            raise AssertionError("release() of an adapter that ran nothing")
+
+    cases = [catalog.BY_ID["vanilla/self/basic"], catalog.BY_ID["shaw/k2/self/basic"]]
+    results = runner.run(runner.Plan([Absent()], cases=cases, dtypes=["float64"]), deviations=[])
+    assert {(r.status, r.message) for r in results} == {("skip", "adapter unavailable: not installed here")}
+
+
 def test_deviation_dtypes_may_be_a_list():
     """A deviation's dtype, like its case, is one pattern or a list of them: it matches exactly the listed."""
     dev = runner.Deviation(adapter="a", case="c", check="*", dtype=["float64", "*16"], reason="r", name="x")

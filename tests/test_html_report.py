@@ -87,3 +87,55 @@ def test_the_page_opens_in_headless_chromium_showing_the_matrix(tmp_path):
         [BROWSER, *flags, f"--screenshot={shot}", "--window-size=800,600", url], capture_output=True, timeout=120
     )
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 5000
+
+
+def _skip(adapter, why="adapter unavailable: not installed here"):
+    return CheckResult("c1", adapter, "float32", "cpu", "*", "skip", ("SCALE-1",), message=why)
+
+
+def test_results_read_back_as_they_were_written(tmp_path):
+    """load_results is the inverse of the results.jsonl that write_reports writes (environment added)."""
+    results = _results()
+    report.write_reports(results, tmp_path)
+    back = report.load_results(tmp_path / "results.jsonl")
+    strip = [{k: v for k, v in r.record().items() if k != "environment"} for r in back]
+    assert strip == [{k: v for k, v in r.record().items() if k != "environment"} for r in results]
+
+
+def test_a_merged_report_takes_each_adapter_from_the_run_it_ran_in():
+    """Runs in separate environments: lib-a and lib-b ran in the first, lib-c in the second (where the first only
+    skipped it, unavailable); lib-d ran nowhere and keeps the first run's skip with its reason."""
+    first = _results() + [_skip("lib-c"), _skip("lib-d", "adapter unavailable: lib-d is not installed")]
+    c = CheckResult("c1", "lib-c", "float32", "cpu", "out", "pass", ("SCALE-1",), 1e-8, None, 1e-6, 0.01)
+    second = [_skip("lib-a"), c, _skip("lib-d", "adapter unavailable: elsewhere too")]
+    merged = report.merge({"main": first, "other-env": second})
+    assert merged == _results() + [_skip("lib-d", "adapter unavailable: lib-d is not installed"), c]
+
+
+def test_an_adapter_that_ran_in_two_runs_is_refused():
+    with pytest.raises(ValueError, match="adapter 'lib-a' ran in both one and two: expected it in one run"):
+        report.merge({"one": _results(), "two": _results()[:1]})
+
+
+def test_the_report_command_merges_folders_and_names_a_folder_without_results(tmp_path):
+    """`python -m conformance report DIR... --out DIR` writes the four files of one merged report; a folder that
+    `run --report` did not write is a usage error (exit 2) naming it."""
+    import sys
+
+    from conformance.cli import main
+
+    (tmp_path / "a").mkdir()
+    report.write_reports([_skip("lib-c")] + _results(), tmp_path / "a")
+    report.write_reports([CheckResult("c1", "lib-c", "float32", "cpu", "out", "pass", ("SCALE-1",))], tmp_path / "b")
+    assert main(["report", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "m")]) == 1  # lib-b
+    merged = report.load_results(tmp_path / "m" / "results.jsonl")
+    assert [r.status for r in merged if r.adapter == "lib-c"] == ["pass"]
+    assert {p.name for p in (tmp_path / "m").iterdir()} >= {"results.jsonl", "matrix.md", "report.html"}
+    assert main(["report", str(tmp_path / "b"), "--out", str(tmp_path / "m2"), "--adapter", "lib-c"]) == 0
+    missing = subprocess.run(
+        [sys.executable, "-m", "conformance", "report", str(tmp_path / "nowhere"), "--out", str(tmp_path / "m3")],
+        capture_output=True,
+        text=True,
+    )
+    assert missing.returncode == 2
+    assert "nowhere: expected a folder that `run --report` wrote (with results.jsonl), got none" in missing.stderr
