@@ -292,3 +292,25 @@ def test_gptj_negative_positions_wrap_around_its_table():
     wrapped = numpy_ref.apply_rope(spec.relative, x, np.array([GPTJ_MIN_TABLE - 3]))
     assert _rel(got, wrapped) < 1e-5  # float32 angles at position 2045
     assert _rel(got, numpy_ref.apply_rope(spec.relative, x, np.array([-3]))) > 1e-2
+
+
+def test_adapters_certified_against_transformers_5_say_so_on_another_major_release(monkeypatch):
+    """The adapters whose code paths and deviations are transformers 5.x's are unavailable, with the pin to
+    install, where another major release is installed (transformers 4.57 runs them into crashes and other
+    numbers); the layers that pass on both (Wav2Vec2-BERT, DeBERTa-v2) are not gated."""
+    import transformers
+
+    from conformance.adapters.hf_rope import TRANSFORMERS_PIN
+
+    gated = ["hf-llama-rope", "hf-llama-attention", "hf-gptneox-rope", "hf-gptj-rope", "hf-t5-bias"]
+    gated += ["hf-t5-attention", "hf-swin-attention"]
+    both = ["hf-wav2vec2-bert-relative-key", "hf-deberta-v2-attention"]
+    assert all(load_adapter(n).unavailable() is None for n in gated + both)
+    monkeypatch.setattr(transformers, "__version__", "4.57.6")
+    for name in gated:
+        reason = load_adapter(name).unavailable()
+        assert reason == (
+            f"certified against transformers 5.x (the rope extra pins {TRANSFORMERS_PIN}); this environment has "
+            f"4.57.6: pip install {TRANSFORMERS_PIN}"
+        ), name
+    assert all(load_adapter(n).unavailable() is None for n in both)

@@ -48,9 +48,10 @@ class _LayerAdapter(_torch.TorchAdapter):
     projections: tuple = ()
     table: str = ""  # the attribute path of the layer's table parameter
     table_param: str = "rel_b"  # the canonical parameter it holds (PARAM-1)
+    transformers_major = None  # the one major release of transformers the layer is certified against, if one
 
     def unavailable(self):
-        return transformers_unavailable()
+        return transformers_unavailable(self.transformers_major)
 
     def environment(self):
         import transformers
@@ -200,6 +201,7 @@ class HFSwinAttentionAdapter(SwinWindowLayer):
     name = "hf-swin-attention"
     description = "transformers SwinAttention (eager) on one window, canonical weights and table loaded"
     projections = SWIN_PROJECTIONS
+    transformers_major = 5
     table = "relative_position_bias.relative_position_bias_table"
 
     def build(self, spec, dtype, device):
@@ -230,6 +232,7 @@ class HFT5AttentionAdapter(_LayerAdapter):
     name = "hf-t5-attention"
     description = "transformers T5Attention (eager; a decoder decodes its last query from the cache), weights loaded"
     projections = T5_PROJECTIONS
+    transformers_major = 5
     table = "relative_attention_bias.weight"
 
     def capabilities(self):

@@ -61,14 +61,21 @@ TRANSFORMERS_PIN = "transformers==5.24.0"
 GPTJ_MIN_TABLE = 2048
 
 
-def transformers_unavailable():
+def transformers_unavailable(major=None):
+    """Why transformers cannot run an adapter here, or None; with ``major``, an adapter certified against that
+    major release only (its code paths and its deviations are that release's) is unavailable on another one."""
     missing = _torch.torch_available()
     if missing:
         return missing
     try:
-        import transformers  # noqa: F401
+        import transformers
     except ImportError as e:
         return f"transformers is not installed ({e}); pip install {TRANSFORMERS_PIN}"
+    if major is not None and int(transformers.__version__.split(".")[0]) != major:
+        return (
+            f"certified against transformers {major}.x (the rope extra pins {TRANSFORMERS_PIN}); this environment "
+            f"has {transformers.__version__}: pip install {TRANSFORMERS_PIN}"
+        )
     return None
 
 
@@ -181,7 +188,7 @@ class _GlueAdapter(_torch.TorchAdapter):
         self._cache: dict = {}
 
     def unavailable(self):
-        return transformers_unavailable()
+        return transformers_unavailable(major=5)
 
     def capabilities(self):
         f = set(_glue.GLUE_FEATURES) | {"rope", "rope-partial"}
@@ -306,7 +313,7 @@ class HFLlamaAttentionAdapter(_torch.TorchAdapter):
     description = "transformers LlamaAttention (eager) + LlamaRotaryEmbedding, canonical weights loaded"
 
     def unavailable(self):
-        return transformers_unavailable()
+        return transformers_unavailable(major=5)
 
     def capabilities(self):
         return Capabilities(

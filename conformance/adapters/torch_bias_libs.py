@@ -218,7 +218,7 @@ class HFT5BiasAdapter(_BiasAdapter):
     features = frozenset({"t5", "t5-causal"})
 
     def unavailable(self):
-        return transformers_unavailable()
+        return transformers_unavailable(major=5)
 
     def bias_fn(self, spec, inputs, dtype, device):
         layer = t5_layer(spec).to(device=device, dtype=_torch.torch_dtype(dtype))
