@@ -463,10 +463,16 @@ class CaseRun:
 
     def run_twins(self):
         for twin in self.case.twins:
-            missing = twin_case(self.case, twin).features() - self.caps.features
+            called = twin_case(self.case, twin)
+            missing = called.features() - self.caps.features
             check = f"twin/{twin.name}"
             if missing:
                 self.add(check, "skip", twin.rules, message=f"needs {', '.join(sorted(missing))}")
+                continue
+            unsupported = getattr(self.adapter, "unsupported_case", None)  # what the features cannot say
+            reason = unsupported(called) if unsupported is not None else None
+            if reason:
+                self.add(check, "skip", twin.rules, message=reason)
                 continue
             try:
                 inputs = twin_inputs(twin.inputs, self.case, self.inputs)

@@ -441,7 +441,7 @@ def test_sdpa_refuses_a_relative_scheme_and_names_the_kernels_that_can(shaw_laye
         ValueError,
         match=re.escape(
             "implementation='sdpa': cannot run this call: Shaw relative terms need the key_term and value_term "
-            "hooks, and sdpa calls qk_transform, bias; kernels that can: 'eager', 'tiles' "
+            "hooks, and sdpa calls qk_transform, bias; kernels that can: 'eager', 'tiles', 'flex' "
             "(KERN-1: no silent fallback)"
         ),
     ):
@@ -468,8 +468,15 @@ def test_sdpa_refuses_a_relative_scheme_and_names_the_kernels_that_can(shaw_laye
                             "'eager', 'tiles'"),
         (
             "flex",
-            "values",
-            "Shaw relative terms need the value_term hook, and flex calls qk_transform, key_term, key_side_term, bias",
+            "huang-values",
+            "flex computes a value term from FlexAttention's log-sum-exp only where each distance owns one key per "
+            "query and one row (Shaw); Huang's value term has no such form here; kernels that can: 'eager', 'tiles'",
+        ),
+        (
+            "flex",
+            "shaw-values-positions",
+            "flex computes the value term at default positions only (one key per query and distance); kernels that "
+            "can: 'eager', 'tiles'",
         ),
         ("flex", "keep", "flex takes no dropout_keep mask (DROP-1); kernels that can: 'eager', 'tiles'"),
         ("flex", "weights", "flex does not return the weights (return_weights=True); kernels that can: "
@@ -477,21 +484,23 @@ def test_sdpa_refuses_a_relative_scheme_and_names_the_kernels_that_can(shaw_laye
     ],
 )  # fmt: skip
 def test_a_fused_kernel_refuses_what_it_cannot_compute(kernel, case, message):
-    """KERN-1: SDPA has no fill value, keep mask or weights; FlexAttention's score_mod no value term, keep
-    mask or weights either."""
-    spec = AttentionSpec(
-        2,
-        2,
-        mask_fill=-1e9 if case == "mask_fill" else None,
-        relative=Shaw(1) if case == "values" else None,
-        dropout=0.5,
-    )
+    """KERN-1: SDPA has no fill value, keep mask or weights; FlexAttention no keep mask or weights, and a value
+    term only where its log-sum-exp gives it (Shaw at default positions)."""
+    relative = {"huang-values": Huang(2, values=True), "shaw-values-positions": Shaw(1)}.get(case)
+    spec = AttentionSpec(2, 2, mask_fill=-1e9 if case == "mask_fill" else None, relative=relative, dropout=0.5)
     params = {n: torch.as_tensor(a) for n, a in numpy_ref.init_params(spec, 0).items()}
     x = torch.randn(2, 3, 4, dtype=torch.float64)
     keep = torch.ones(2, 2, 3, 3, dtype=torch.bool) if case == "keep" else None
+    positions = torch.arange(3) + 2 if case == "shaw-values-positions" else None
     with pytest.raises(ValueError, match=re.escape(f"implementation={kernel!r}: cannot run this call: {message}")):
         torch_impl.attention(
-            spec, params, x, dropout_keep=keep, return_weights=case == "weights", implementation=kernel
+            spec,
+            params,
+            x,
+            dropout_keep=keep,
+            q_positions=positions,
+            return_weights=case == "weights",
+            implementation=kernel,
         )
 
 
@@ -502,23 +511,24 @@ def test_the_flex_kernel_checks_its_field():
 
 def test_the_flex_adapter_checks_the_forward_and_skips_the_cpu_gradients_with_the_reason():
     """torch:flex in the harness: eager FlexAttention on the CPU passes every forward check of a cell (here
-    ALiBi with a causal rule, T5 with a mask and positions) and its gradients are one skip naming PyTorch's
-    missing CPU backward; Shaw's value term is a skip of the whole cell (KERN-1)."""
+    ALiBi with a causal rule, T5 with a mask and positions, Shaw's value term) and its gradients are one skip
+    naming PyTorch's missing CPU backward; Huang's value term is a skip of the whole cell (KERN-1)."""
     from conformance import catalog, runner, store
     from conformance.adapters import load_adapter
     from conformance.adapters.torch_impl_adapter import FLEX_NO_CPU_GRADIENTS
 
     adapter = load_adapter("torch:flex")
     assert adapter.kernel("cpu") == Flex(compiled=False) and adapter.kernel("cuda") == Flex(compiled=True)
-    cases = [catalog.BY_ID[c] for c in ("alibi/self/h1-causal", "t5/cross/encoder-padding", "shaw/k2/self/basic")]
+    ids = ("alibi/self/h1-causal", "t5/cross/encoder-padding", "shaw/k2/self/basic", "huang-values/M8/self/per-head")
+    cases = [catalog.BY_ID[c] for c in ids]
     results = runner._run_cells(runner.Plan([adapter], cases=cases, dtypes=["float32"]), store.GOLDEN_DIR, None)
-    for case in cases[:2]:
+    for case in cases[:3]:
         checks = {r.check: r for r in results if r.case == case.id}
         assert checks["out"].status == "pass" and not [r for r in checks.values() if r.failed], case.id
         assert checks["gradients"].status == "skip"
         assert checks["gradients"].message == f"no gradients on cpu: {FLEX_NO_CPU_GRADIENTS}"
-    (shaw,) = [r for r in results if r.case == cases[2].id]
-    assert shaw.status == "skip" and "the flex kernel takes no value term" in shaw.message
+    (huang,) = [r for r in results if r.case == cases[3].id]
+    assert huang.status == "skip" and "the flex kernel computes Shaw's value term only" in huang.message
 
 
 class Refusing(Tiles):
@@ -979,3 +989,61 @@ def test_compiled_flex_matches_eager_flex(spec):
         reference = torch_impl.attention(spec, params, x, **kw, implementation="eager")
     assert (fused - eager).abs().max() <= 1e-5 * eager.abs().max()
     assert (eager - reference).abs().max() <= 1e-5 * reference.abs().max()
+
+
+SHAW_VALUE_CALLS = {
+    "k0": (AttentionSpec(2, 4, relative=Shaw(0)), {}),
+    "k1-causal": (AttentionSpec(2, 4, relative=Shaw(1), causal=True), {}),
+    "k2-empty-rows": (AttentionSpec(2, 4, relative=Shaw(2)), {"mask": "rows"}),
+    "k3-gqa-per-head-values-only": (
+        AttentionSpec(4, 4, num_kv_heads=2, relative=Shaw(3, keys=False, per_head=True), value_head_dim=3),
+        {},
+    ),
+    "k2-mask-fill-causal": (AttentionSpec(2, 4, relative=Shaw(2), causal=True, mask_fill=-1e4), {"mask": "rows"}),
+    "k9-past-every-distance": (AttentionSpec(2, 4, relative=Shaw(9, key_side="own")), {}),
+    "k2-window-softcap": (AttentionSpec(2, 4, relative=Shaw(2), window=(3, 1), softcap=3.0), {}),
+}
+
+
+@pytest.mark.parametrize("name", SHAW_VALUE_CALLS)
+def test_flex_computes_shaw_values_from_its_log_sum_exp(name):
+    """SHAW-4 in the flex kernel: the band's weights recomputed from FlexAttention's log-sum-exp, the clipped
+    rows from the rest (causal) or a second call, equal the reference in float64: k = 0 (one row), k past
+    every distance (no clip), a causal rule, rows with no allowed key (0, MASK-5) and mask_fill (MASK-6),
+    grouped heads with per-head value tables of their own size, a window and a soft cap; Lq != Lk."""
+    spec, extra = SHAW_VALUE_CALLS[name]
+    rng = np.random.default_rng(11)
+    params = numpy_ref.init_params(spec, 3)
+    for n in ("rel_k", "rel_v", "rel_q"):
+        if n in params:
+            params[n] = rng.normal(size=params[n].shape)
+    x, y = rng.normal(size=(2, 7, spec.model_dim)), rng.normal(size=(2, 9, spec.model_dim))
+    kw = {}
+    if extra.get("mask") == "rows":
+        mask = rng.random((2, 1, 7, 9)) < 0.7
+        mask[0, :, 3] = False  # a row with no allowed key
+        kw["mask"] = mask
+    want = numpy_ref.attention(spec, params, x, y, y, **kw)
+    t = {n: torch.as_tensor(a) for n, a in params.items()}
+    tkw = {n: torch.as_tensor(a) for n, a in kw.items()}
+    got = torch_impl.attention(
+        spec, t, torch.as_tensor(x), torch.as_tensor(y), **tkw, implementation=Flex(compiled=False)
+    )
+    np.testing.assert_allclose(got.numpy(), want, rtol=0, atol=1e-13 * np.abs(want).max())
+    if "mask" in kw and spec.mask_fill is None:  # MASK-5: the row's attention exactly 0, so its output is bo
+        assert torch.equal(got[0, 3], t["bo"])
+
+
+def test_flex_shaw_values_keep_float32_accuracy_with_large_logits():
+    """The value term's weights exp(score - lse) lose ulp(lse) when logits are large (1e3: 6e-5 in float32):
+    the flex kernel shifts every row by a band logit first, so float32 stays at float32 rounding of the
+    output (against float64 on the same float32 inputs)."""
+    spec = AttentionSpec(2, 4, relative=Shaw(2))
+    rng = np.random.default_rng(5)
+    params = {n: a.astype(np.float32).astype(np.float64) for n, a in numpy_ref.init_params(spec, 1).items()}
+    params["wq"] = params["wq"] * 300  # logits of order 1e3
+    x = rng.normal(size=(2, 9, 8)).astype(np.float32).astype(np.float64)
+    want = numpy_ref.attention(spec, params, x)
+    t = {n: torch.as_tensor(a, dtype=torch.float32) for n, a in params.items()}
+    got = torch_impl.attention(spec, t, torch.as_tensor(x, dtype=torch.float32), implementation=Flex(compiled=False))
+    assert np.abs(got.double().numpy() - want).max() <= 50 * 2.0**-24 * np.abs(want).max()

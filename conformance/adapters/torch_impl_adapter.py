@@ -112,8 +112,7 @@ class TorchSDPAKernelAdapter(TorchImplAdapter):
 
 #: What the flex kernel cannot be asked for (KERN-1): the weights never leave FlexAttention.
 FLEX_MISSING = {
-    "shaw-values": "the flex kernel takes no value term: the weights never leave FlexAttention",
-    "huang-values": "the flex kernel takes no value term: the weights never leave FlexAttention",
+    "huang-values": "the flex kernel computes Shaw's value term only (from FlexAttention's log-sum-exp)",
     "dropout-keep": "the flex kernel takes no dropout_keep mask (DROP-1)",
 }
 #: PyTorch's FlexAttention has a backward on CUDA only (torch 2.13).
@@ -138,6 +137,14 @@ class TorchFlexAdapter(TorchImplAdapter):
             notes=dict(FLEX_MISSING),
             no_gradients={"cpu": FLEX_NO_CPU_GRADIENTS},
         )
+
+    def unsupported_case(self, case):
+        f = case.features()
+        if "shaw-values" in f and "positions" in f:
+            return (
+                "the flex kernel computes Shaw's value term at default positions only (one key per query and distance)"
+            )
+        return None
 
     def kernel(self, device):
         """Eager on the CPU: one compilation per case, dtype and call shape would cost about 1 s each, and the

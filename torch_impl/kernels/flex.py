@@ -24,8 +24,24 @@ broadcast tensors (``call.allowed``). FlexAttention gives a row with no
 allowed key exact zeros (MASK-5) and keeps the logits and the softmax in
 float32 for float16 and bfloat16 inputs (PREC-4).
 
-It takes no value term (Shaw and Huang values: the weights never leave the kernel),
-no given keep mask (DROP-1) and returns no weights. PyTorch 2.13 has no
+The weights never leave the kernel, yet Shaw's value term (SHAW-4) is a
+sum of weights per table row, and FlexAttention returns each row's
+log-sum-exp ``lse``. At default positions every distance inside the clip
+has one key per query: its weight is recomputed as ``exp(score - lse)``
+from the same ``score_mod`` on a band of 2k - 1 gathered keys (a strided
+view, nothing copied). The clipped rows take the rest: under a causal rule
+the right edge has no allowed key and the left one is 1 minus the band;
+otherwise one more FlexAttention call, restricted to the distances left of
+the band, gives the left edge's log-sum-exp and the right edge is 1 minus
+the others (a row with no allowed key gets 0 everywhere, MASK-5). The
+scheme says which distances own a row (``value_distances``); a scheme
+without it (Huang's values) has no value term here, nor do explicit
+positions. Every logit of a row is first shifted by its largest allowed band
+logit (the same softmax), so the log-sum-exp is near 0 and its rounding
+costs the recomputed weights nothing. The compiled kernel returns no
+log-sum-exp on the CPU (PyTorch 2.13): the value term needs
+``Flex(compiled=False)`` there. It takes no given keep mask (DROP-1) and
+returns no weights. PyTorch 2.13 has no
 FlexAttention backward on the CPU: there it runs forward calls only (a
 call that records gradients raises PyTorch's ``NotImplementedError``).
 
@@ -41,7 +57,7 @@ from __future__ import annotations
 import functools
 import warnings
 from dataclasses import dataclass
-from typing import ClassVar, Optional
+from typing import ClassVar, NamedTuple, Optional
 
 import torch
 
@@ -53,14 +69,15 @@ from ._base import Kernel, transform_qk
 
 @dataclass(frozen=True)
 class Flex(Kernel):
-    """FlexAttention with the spec's logit terms as its score_mod; no value term, keep mask or weights (KERN-1).
+    """FlexAttention with the spec's logit terms as its score_mod and Shaw's value term from its log-sum-exp;
+    no keep mask or weights (KERN-1).
 
     Fields:
       compiled: run ``torch.compile(flex_attention)`` (True) or FlexAttention eagerly (False).
     """
 
     name: ClassVar[str] = "flex"
-    scheme_hooks: ClassVar[frozenset] = frozenset({"qk_transform", "key_term", "key_side_term", "bias"})
+    scheme_hooks: ClassVar[frozenset] = frozenset({"qk_transform", "key_term", "key_side_term", "bias", "value_term"})
 
     compiled: bool = True
 
@@ -72,12 +89,27 @@ class Flex(Kernel):
             r
             for r in (
                 self.missing_hooks(spec),
+                self._value_term_unsupported(spec, call),
                 None if call.dropout_keep is None else "flex takes no dropout_keep mask (DROP-1)",
                 "flex does not return the weights (return_weights=True)" if call.return_weights else None,
             )
             if r is not None
         ]
         return "; ".join(reasons) or None
+
+    @staticmethod
+    def _value_term_unsupported(spec, call) -> Optional[str]:
+        scheme = spec.relative
+        if scheme is None or "value_term" not in scheme.hooks:
+            return None
+        if not hasattr(schemes.module_for(scheme), "value_distances"):
+            return (
+                f"flex computes a value term from FlexAttention's log-sum-exp only where each distance owns one "
+                f"key per query and one row (Shaw); {type(scheme).__name__}'s value term has no such form here"
+            )
+        if not call.default_positions:
+            return "flex computes the value term at default positions only (one key per query and distance)"
+        return None
 
 
 @functools.cache
@@ -96,6 +128,13 @@ def _flex_attention(compiled: bool):
     return eager
 
 
+def _LSE():
+    """FlexAttention's request for the log-sum-exp of each query row (B, H, Lq), beside the output."""
+    from torch.nn.attention.flex_attention import AuxRequest
+
+    return AuxRequest(lse=True)
+
+
 def _reader(t: Optional[torch.Tensor], B: int, H: int, Lq: int, Lk: int):
     """A (1|B, 1|H, Lq, Lk)-broadcastable tensor as a function of one pair, or None for None."""
     if t is None:
@@ -107,7 +146,7 @@ def _reader(t: Optional[torch.Tensor], B: int, H: int, Lq: int, Lk: int):
 def attention(kernel: Flex, spec, params: dict, q, k, v, call: _core.Call) -> torch.Tensor:
     """q (B, H, Lq, d), k (B, Hkv, Lk, d), v (B, Hkv, Lk, dv) -> o (B, H, Lq, dv).
 
-    Implements REL-1, REL-3 (1), REL-3 (3), SCALE-2..4, SOFTCAP-1, MASK-4..6, BIAS-1, BIAS-2, CAUSAL-1,
+    Implements REL-1, REL-3 (1), REL-3 (3), SHAW-4, SCALE-2..4, SOFTCAP-1, MASK-4..6, BIAS-1, BIAS-2, CAUSAL-1,
     WINDOW-1, HEAD-3, HEAD-4, PREC-4.
     """
     q, k = transform_qk(spec, params, q, k, call)  # REL-3 (1): before the kernel
@@ -146,4 +185,98 @@ def attention(kernel: Flex, spec, params: dict, q, k, v, call: _core.Call) -> to
         return score
 
     flex = _flex_attention(kernel.compiled)
-    return flex(q, k, v, score_mod=score_mod, scale=spec.effective_scale, enable_gqa=k.shape[1] != H)
+    gqa = k.shape[1] != H
+    if "value_term" not in hooks:
+        return flex(q, k, v, score_mod=score_mod, scale=spec.effective_scale, enable_gqa=gqa)
+    band = _band(spec, unit.value_distances(scheme), q, k, score_mod, stat, call.allowed)
+    # every logit of a row less one number near its largest (a band score): the same softmax, and a
+    # log-sum-exp near 0 whose rounding costs the recomputed weights nothing (logits of 1e3 lose 6e-5 in float32)
+    shift = band.shift
+
+    def shifted(score, b, h, i, j):
+        return score_mod(score, b, h, i, j) - shift[b, h, i]
+
+    o, aux = flex(q, k, v, score_mod=shifted, scale=spec.effective_scale, enable_gqa=gqa, return_aux=_LSE())
+    buckets = _value_buckets(
+        spec,
+        band,
+        aux.lse,
+        lambda mod: flex(q, k, v, score_mod=mod, scale=spec.effective_scale, enable_gqa=gqa, return_aux=_LSE())[1].lse,
+        shifted,
+    )
+    table = params["rel_v"].to(stat)  # (R, dv) | (H, R, dv), REL-2, HEAD-4
+    term = buckets @ (table if table.dim() == 2 else table.unsqueeze(0))
+    return (o.to(stat) + term).to(o.dtype)  # SHAW-4: added to the weighted values, one rounding
+
+
+class _Band(NamedTuple):
+    """The value term's band at default positions (``value_distances``): one key per query and distance."""
+
+    lo: int  # the first distance of the band
+    hi: int  # its last
+    edges: bool  # rows 0 and R - 1 take the distances < lo and > hi
+    score: torch.Tensor  # (B, H, Lq, n) every logit term of key j = i + lo + t, shifted by ``shift``
+    inside: torch.Tensor  # (1, 1, Lq, n) bool: key j exists (0 <= j < Lk)
+    shift: torch.Tensor  # (B, H, Lq) the largest finite band logit of the row, 0 where none (no gradient)
+
+
+def _band(spec, distances: tuple, q, k, score_mod, stat, allowed) -> _Band:
+    """The band's logits s q_i . k_j through ``score_mod`` (every other term, the masks), k a strided view of
+    itself padded at both ends (nothing copied, nothing of shape (Lq, n, d) built); ``allowed`` the call's
+    allowed keys (MASK-4) or None."""
+    lo, hi, edges = distances
+    B, H, Lq, d = q.shape
+    Hkv, Lk = k.shape[1], k.shape[2]
+    n = max(hi - lo + 1, 0)
+    i = torch.arange(Lq, device=q.device).view(1, 1, Lq, 1)
+    j = i + torch.arange(lo, lo + n, device=q.device)
+    inside = (j >= 0) & (j < Lk)
+    if not n:
+        score = q.new_zeros((B, H, Lq, 0), dtype=stat)
+        return _Band(lo, hi, edges, score, inside, q.new_zeros((B, H, Lq), dtype=stat))
+    pad_left, pad_right = -lo, max(0, Lq + hi - Lk)  # padded, key i + lo + t is row i + t
+    windows = torch.nn.functional.pad(k, (0, 0, pad_left, pad_right)).unfold(2, n, 1)[:, :, :Lq]  # (B,Hkv,Lq,d,n)
+    qg = q.view(B, Hkv, H // Hkv, Lq, d)  # HEAD-3: query head h reads key head h // G
+    score = torch.einsum("bkgid,bkidn->bkgin", qg.to(stat), windows.to(stat)).reshape(B, H, Lq, n)
+    b = torch.arange(B, device=q.device).view(B, 1, 1, 1)
+    h = torch.arange(H, device=q.device).view(1, H, 1, 1)
+    score = score_mod(score * spec.effective_scale, b, h, i, j.clamp(0, Lk - 1))
+    score = torch.where(inside, score, float("-inf"))
+    # The shift: the largest logit of an allowed band key; a mask_fill logit (MASK-6) far below the row's own
+    # would leave them huge after it. A row with no allowed key at all (its logits all mask_fill) takes the
+    # fill, so its uniform weights come out exact; any other row without an allowed band key takes 0.
+    zero = torch.zeros((), dtype=stat, device=q.device)
+    scores = score.detach()
+    if spec.mask_fill is None:
+        shift = scores.amax(-1)
+        shift = torch.where(torch.isfinite(shift), shift, zero)
+    else:
+        top = torch.where(scores == spec.mask_fill, float("-inf"), scores).amax(-1)
+        empty = torch.zeros_like(top, dtype=torch.bool) if allowed is None else ~allowed.any(-1)
+        shift = torch.where(torch.isfinite(top), top, torch.where(empty, scores.amax(-1), zero))
+    return _Band(lo, hi, edges, score - shift.unsqueeze(-1), inside, shift)
+
+
+def _value_buckets(spec, band: _Band, lse, lse_of, score_mod) -> torch.Tensor:
+    """SHAW-4's weight sums per table row, S (B, H, Lq, R), from FlexAttention's log-sum-exp ``lse`` (B, H, Lq)
+    of the shifted logits: the band's weights exp(score - lse); the edges as the module docstring says, with
+    ``lse_of(score_mod)`` the log-sum-exp of one more FlexAttention call."""
+    alive = torch.isfinite(lse)  # MASK-5: a row with no allowed key weighs nothing
+    zero = torch.zeros((), dtype=band.score.dtype, device=lse.device)
+    lse0 = torch.where(alive, lse.to(band.score.dtype), zero)
+    w = torch.where(band.inside & alive.unsqueeze(-1), torch.exp(band.score - lse0.unsqueeze(-1)), zero)
+    if not band.edges:
+        return w
+    rest = alive.to(w.dtype) - w.sum(-1)
+    if spec.causal and spec.mask_fill is None and band.hi >= 0:  # CAUSAL-1: no key right of the band
+        left, right = rest, torch.zeros_like(rest)
+    else:  # only the distances left of the band
+        lo = band.lo
+        lse_left = lse_of(
+            lambda score, b, h, i, j: torch.where(j - i < lo, score_mod(score, b, h, i, j), float("-inf"))
+        )
+        left = torch.where(torch.isfinite(lse_left) & alive, torch.exp(lse_left.to(w.dtype) - lse0), zero)
+        right = rest - left
+    if not w.shape[-1]:  # k = 0: both edges are the one row
+        return (left + right).unsqueeze(-1)
+    return torch.cat([left.unsqueeze(-1), w, right.unsqueeze(-1)], dim=-1)  # rows 0, 1 .. R - 2, R - 1

@@ -99,7 +99,14 @@ there, so the hooks read small tensors and never reshape):
   ``_bias_tables.pair_positions``;
 - ``key_side_score_state(scheme, params, k, call, *, group, stat)`` and
   ``key_side_score_term(state, b, h, i, j)``: the same for a key-side term
-  (SHAW-6), k (B, Hkv, Lk, d) with its factor folded in (SHAW-7).
+  (SHAW-6), k (B, Hkv, Lk, d) with its factor folded in (SHAW-7);
+- optionally ``value_distances(scheme) -> (lo, hi, edges)``, for a value
+  term the flex kernel computes from FlexAttention's log-sum-exp (the
+  weights never leave it): at default positions the distances lo .. hi
+  have one key per query and their own table rows, in order (from row 1
+  with edges, else from row 0); with ``edges``, row 0 takes every distance
+  < lo and row R - 1 every distance > hi (Shaw's clipped rows, SHAW-2). A
+  scheme without it has no value term in the flex kernel.
 
 A later scheme adds one module and, for a hook kind no module has used yet,
 one call site per kernel.

@@ -189,6 +189,16 @@ def key_side_score_term(state: ScoreState, b, h, i, j) -> torch.Tensor:
     return state.rows[b, h, j, shaw_index(k_pos - q_pos, state.extent)]
 
 
+def value_distances(scheme) -> tuple:
+    """SHAW-2, SHAW-4 as the flex kernel computes the value term from FlexAttention's log-sum-exp (its weights
+    never leave the kernel): at default positions (delta = j - i) each distance lo .. hi has one key per query
+    and its own table row, in order from row 1; with ``edges``, row 0 takes every distance < lo and row R - 1
+    every distance > hi (the clipped ones). (lo, hi, edges) = (-(k - 1), k - 1, True): for k = 0 the band is
+    empty and both edges are the one row."""
+    k = scheme.max_distance
+    return -(k - 1), k - 1, True
+
+
 # ---------------------------------------------------------------- banded algorithms (default positions)
 def key_band_index(rows: int, max_distance: int, device) -> torch.Tensor:
     """SHAW-2 for a tile of queries q0 .. q0 + rows - 1 and keys q0 - k + 1 .. q0 + rows + k - 2.
