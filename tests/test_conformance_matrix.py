@@ -54,6 +54,8 @@ CLI_ONLY = {
     "jax-nn": ("bfloat16", "float16"),
     "flax-mha": ("bfloat16", "float16"),
     "torch:flex": ALL,
+    # Triton's interpreter: installed and run by .ci/run (tests/test_torch_triton.py checks the kernel there)
+    "torch:triton": ALL,
     # the outside RoPE and bias adapters: each library's own tests here (tests/test_*rope*.py,
     # tests/test_*bias_libs.py) check it against the reference; its cells run in `python -m conformance run`
     # (keras-hub and Gemma are installed by .ci/run alone)

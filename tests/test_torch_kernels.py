@@ -426,8 +426,8 @@ def test_an_unknown_kernel_name_lists_the_names(shaw_layer):
     with pytest.raises(
         ValueError,
         match=re.escape(
-            "implementation: expected None, one of 'eager', 'sdpa', 'tiles', 'flex' or a kernel object such as "
-            "torch_impl.kernels.Tiles(...), got 'flash'"
+            "implementation: expected None, one of 'eager', 'sdpa', 'tiles', 'flex', 'triton' or a kernel object "
+            "such as torch_impl.kernels.Tiles(...), got 'flash'"
         ),
     ):
         torch_impl.attention(spec, params, x, implementation="flash")

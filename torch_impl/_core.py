@@ -98,6 +98,8 @@ class Call:
     return_weights: bool = False
     causal: bool = False
     window: Optional[tuple] = None
+    dtype: Optional[torch.dtype] = None  # the query's dtype (a kernel may not compute every dtype)
+    requires_grad: bool = False  # autograd records the call (a kernel without a backward refuses it)
 
     @property
     def default_positions(self) -> bool:

@@ -24,7 +24,7 @@ import torch
 from spec import AttentionSpec
 
 from . import _checks, _core, kernels, schemes
-from .kernels import eager, flex, sdpa, tiles
+from .kernels import eager, flex, fused, sdpa, tiles
 
 
 def attention(
@@ -56,7 +56,8 @@ def attention(
       return_weights: also return the post-softmax, pre-dropout weights [B, H, Lq, Lk].
       implementation: the kernel (KERN-1): None picks (``"sdpa"`` when it
         supports the call, else ``"tiles"``; sdpa has no softcap, SOFTCAP-1); ``"eager"``, ``"sdpa"``,
-        ``"tiles"``, ``"flex"`` (FlexAttention, compiled); or a kernel object such as
+        ``"tiles"``, ``"flex"`` (FlexAttention, compiled), ``"triton"`` (one fused Triton program: forward
+        calls; through Triton's interpreter where no CUDA device is present); or a kernel object such as
         ``torch_impl.kernels.Tiles(query_rows=64)`` or ``torch_impl.kernels.Flex(compiled=False)``.
         A kernel that cannot run the call is a ``ValueError`` saying why.
 
@@ -79,6 +80,9 @@ def attention(
         return_weights=return_weights,
         causal=spec.causal,
         window=spec.window,
+        dtype=query.dtype,
+        requires_grad=torch.is_grad_enabled()
+        and any(t is not None and t.requires_grad for t in (query, key, value, bias, *params.values())),
     )
     kernel = kernels.resolve(implementation, spec, call)  # KERN-1
     key = query if key is None else key
@@ -101,6 +105,8 @@ def attention(
             o, weights = tiles.attention(kernel, spec, p, q, k, v, call)
         case "flex":
             o, weights = flex.attention(kernel, spec, p, q, k, v, call), None
+        case "triton":
+            o, weights = fused.attention(kernel, spec, p, q, k, v, call), None
         case name:
             raise ValueError(f"implementation: expected one of {sorted(kernels.KERNELS)}, got {name!r}")
     out = _core.project(_core.merge_heads(o), p["wo"], p.get("bo"))  # (B, Lq, H * dv) -> (B, Lq, D), OUT-1

@@ -20,6 +20,7 @@ BUILTIN = {
     "torch:sdpa": "conformance.adapters.torch_impl_adapter:TorchSDPAKernelAdapter",
     "torch:tiles": "conformance.adapters.torch_impl_adapter:TorchTilesAdapter",
     "torch:flex": "conformance.adapters.torch_impl_adapter:TorchFlexAdapter",
+    "torch:triton": "conformance.adapters.torch_impl_adapter:TorchTritonAdapter",
     "jax": "conformance.adapters.jax_impl_adapter:JaxImplAdapter",
     "jax:xla": "conformance.adapters.jax_impl_adapter:JaxXlaAdapter",
     "jax:tiles": "conformance.adapters.jax_impl_adapter:JaxTilesAdapter",

@@ -2,7 +2,7 @@
 
 One adapter per kernel (KERN-1), so that each is certified on its own:
 ``torch`` lets ``torch_impl.attention`` choose (``implementation=None``),
-``torch:eager`` / ``torch:sdpa`` / ``torch:tiles`` / ``torch:flex`` pin one kernel.
+``torch:eager`` / ``torch:sdpa`` / ``torch:tiles`` / ``torch:flex`` / ``torch:triton`` pin one kernel.
 """
 
 from __future__ import annotations
@@ -152,3 +152,48 @@ class TorchFlexAdapter(TorchImplAdapter):
         from torch_impl.kernels import Flex
 
         return Flex(compiled=device != "cpu")
+
+
+#: What the triton kernel cannot be asked for (KERN-1): its program fuses Shaw's tables at default positions.
+TRITON_MISSING = {
+    "huang": "the triton kernel fuses Shaw's tables only",
+    "huang-values": "the triton kernel fuses Shaw's tables only",
+    "shaw-key-side": "the triton kernel has no key-side term (SHAW-6)",
+    "positions": "the triton kernel indexes its tables by j - i: default positions only",
+    "softcap": "the triton kernel has no soft cap",
+    "mask-fill": "the triton kernel gives disallowed keys weight 0 only",
+    "dropout-keep": "the triton kernel takes no keep mask",
+    **{
+        f: "the triton kernel fuses Shaw's tables only"
+        for f in FEATURES
+        if f.startswith(("rope", "alibi", "t5", "swin"))
+    },
+}
+
+
+class TorchTritonAdapter(TorchImplAdapter):
+    name = "torch:triton"
+    description = (
+        "torch_impl with implementation='triton': one fused Triton program with Shaw's key and value terms; "
+        "Triton's interpreter on the CPU, compiled on CUDA; forward calls"
+    )
+    implementation = "triton"
+
+    def unavailable(self):
+        from torch_impl.kernels.fused import triton_unavailable
+
+        return super().unavailable() or triton_unavailable()
+
+    def capabilities(self):
+        from torch_impl.kernels.fused import BFLOAT16_IN_INTERPRETER
+
+        no_backward = "the triton kernel has no backward yet (it refuses calls that record gradients, KERN-1)"
+        devices = _torch.devices()
+        return Capabilities(
+            devices=devices,
+            features=FEATURES - set(TRITON_MISSING),
+            weights=False,
+            notes=dict(TRITON_MISSING),
+            no_gradients=dict.fromkeys(devices, no_backward),
+            unsupported={("cpu", "bfloat16"): BFLOAT16_IN_INTERPRETER},
+        )

@@ -10,7 +10,10 @@ error, never a silent fallback.
   skew and banded Shaw sums; its knobs are the fields of ``Tiles(...)``;
 - ``"flex"`` (``Flex``): FlexAttention with every logit term in one
   ``score_mod`` (key terms, soft cap, scheme biases, masks); compiled by
-  default, ``Flex(compiled=False)`` eager. Never chosen automatically.
+  default, ``Flex(compiled=False)`` eager. Never chosen automatically;
+- ``"triton"`` (``Triton``): one fused Triton program with Shaw's key and
+  value terms in its loop (forward calls at default positions; Triton's
+  interpreter where no CUDA device is present). Never chosen automatically.
 
 Each kernel says what it cannot run through one method,
 ``unsupported(spec, call) -> Optional[str]``; the automatic choice
@@ -25,13 +28,27 @@ from .._core import Call
 from ._base import Kernel
 from .eager import Eager
 from .flex import Flex
+from .fused import Triton
 from .sdpa import SDPA
 from .tiles import Tile, Tiles
 
-__all__ = ["AUTO", "KERNELS", "Call", "Eager", "Flex", "Kernel", "SDPA", "Tile", "Tiles", "resolve", "supported"]
+__all__ = [
+    "AUTO",
+    "KERNELS",
+    "Call",
+    "Eager",
+    "Flex",
+    "Kernel",
+    "SDPA",
+    "Tile",
+    "Tiles",
+    "Triton",
+    "resolve",
+    "supported",
+]
 
 #: name -> kernel class, the names ``implementation=`` accepts.
-KERNELS: dict = {cls.name: cls for cls in (Eager, SDPA, Tiles, Flex)}
+KERNELS: dict = {cls.name: cls for cls in (Eager, SDPA, Tiles, Flex, Triton)}
 #: The automatic choice: the first of these (with default knobs) that supports the call.
 AUTO = ("sdpa", "tiles")
 #: Each kernel with its default knobs (frozen, so one instance serves every call).

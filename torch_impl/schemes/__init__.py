@@ -108,6 +108,16 @@ there, so the hooks read small tensors and never reshape):
   < lo and row R - 1 every distance > hi (Shaw's clipped rows, SHAW-2). A
   scheme without it has no value term in the flex kernel.
 
+Fused hooks (the triton kernel: one Triton program computes the terms from
+tables, at default positions):
+
+- ``fused_unsupported(scheme) -> Optional[str]``: why this configuration of
+  the scheme cannot be fused (None: it can); a scheme without the hook is
+  not fused at all;
+- ``fused_tables(scheme, params) -> (rel_k | None, rel_v | None, k)``: the
+  key and value tables, (R, c) or (H, R, c), read by ``clip(j - i, -k, k)
+  + k`` (Shaw, SHAW-2).
+
 A later scheme adds one module and, for a hook kind no module has used yet,
 one call site per kernel.
 """

@@ -199,6 +199,18 @@ def value_distances(scheme) -> tuple:
     return -(k - 1), k - 1, True
 
 
+# ---------------------------------------------------------------- fused hooks (the triton kernel)
+def fused_unsupported(scheme) -> Optional[str]:
+    """Why the triton kernel cannot fuse this Shaw scheme, or None: it has the key and value terms (SHAW-3,
+    SHAW-4), not the key side (SHAW-6)."""
+    return None if scheme.key_side is None else "triton has no key-side term (SHAW-6)"
+
+
+def fused_tables(scheme, params: dict) -> tuple:
+    """(rel_k or None, rel_v or None, k): the tables the triton kernel reads, (R, c) or (H, R, c) (REL-2)."""
+    return params["rel_k"] if scheme.keys else None, params["rel_v"] if scheme.values else None, scheme.max_distance
+
+
 # ---------------------------------------------------------------- banded algorithms (default positions)
 def key_band_index(rows: int, max_distance: int, device) -> torch.Tensor:
     """SHAW-2 for a tile of queries q0 .. q0 + rows - 1 and keys q0 - k + 1 .. q0 + rows + k - 2.

@@ -1,0 +1,137 @@
+"""The triton kernel (torch_impl/kernels/fused.py) against the reference: Shaw's key and value terms in one fused
+Triton program, run through Triton's interpreter on this CPU (TRITON_INTERPRET=1) and compiled on CUDA.
+
+Triton is the `triton` extra (Python >= 3.11); `.ci/run` installs it and runs this file; elsewhere these tests
+skip with the kernel's reason. Expected values come from numpy_ref (float64).
+"""
+
+import re
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import numpy_ref  # noqa: E402
+import torch_impl  # noqa: E402
+from spec import AttentionSpec, Huang, Shaw  # noqa: E402
+from torch_impl.kernels import Triton  # noqa: E402
+from torch_impl.kernels.fused import BFLOAT16_IN_INTERPRETER, interpreting, triton_unavailable  # noqa: E402
+
+pytestmark = pytest.mark.skipif(bool(triton_unavailable()), reason=str(triton_unavailable()))
+
+CALLS = {
+    "vanilla-cross": (AttentionSpec(2, 4), {}),
+    "shaw-k2-cross-mask-bias": (AttentionSpec(2, 4, relative=Shaw(2)), {"mask": True, "bias": True}),
+    "shaw-k0-causal": (AttentionSpec(2, 4, relative=Shaw(0), causal=True), {}),
+    "shaw-k3-gqa-per-head-dv": (
+        AttentionSpec(4, 4, num_kv_heads=2, value_head_dim=3, relative=Shaw(3, per_head=True)),
+        {"mask": True},
+    ),
+    "shaw-k40-past-every-distance-window": (AttentionSpec(2, 4, relative=Shaw(40), window=(3, 2)), {}),
+    "shaw-values-only-unscaled": (AttentionSpec(2, 4, relative=Shaw(2, keys=False), scale_relative=False), {}),
+    "shaw-keys-only-causal-long": (AttentionSpec(2, 8, relative=Shaw(5, values=False), causal=True), {"L": 70}),
+}
+
+
+def _run(name, dtype, kernel=Triton()):
+    spec, extra = CALLS[name]
+    rng = np.random.default_rng(4)
+    params = numpy_ref.init_params(spec, 2)
+    for n in ("rel_k", "rel_v"):
+        if n in params:
+            params[n] = rng.normal(size=params[n].shape)
+    Lq = extra.get("L", 7)
+    Lk = extra.get("L", 9)
+    x, y = rng.normal(size=(2, Lq, spec.model_dim)), rng.normal(size=(2, Lk, spec.model_dim))
+    kw = {}
+    if extra.get("mask"):
+        kw["mask"] = rng.random((2, 1, Lq, Lk)) < 0.7
+        kw["mask"][0, :, 3] = False  # a row with no allowed key (MASK-5)
+    if extra.get("bias"):
+        kw["bias"] = rng.normal(size=(1, spec.num_heads, Lq, Lk))
+        kw["bias"][0, 1, 2, :4] = -np.inf  # BIAS-2
+    rounded = {n: a.astype(dtype).astype(np.float64) for n, a in params.items()}
+    x, y = x.astype(dtype).astype(np.float64), y.astype(dtype).astype(np.float64)
+    want = numpy_ref.attention(
+        spec, rounded, x, y, y, **{n: (a.astype(dtype) if n == "bias" else a) for n, a in kw.items()}
+    )
+    t = {n: torch.as_tensor(a.astype(dtype)) for n, a in params.items()}
+    tkw = {n: torch.as_tensor(a.astype(dtype) if n == "bias" else a) for n, a in kw.items()}  # bias in the dtype
+    got = torch_impl.attention(
+        spec, t, torch.as_tensor(x.astype(dtype)), torch.as_tensor(y.astype(dtype)), **tkw, implementation=kernel
+    )
+    return got, want, kw
+
+
+@pytest.mark.parametrize("name", CALLS)
+@pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-13), (np.float32, 2e-6), (np.float16, 4e-3)])
+def test_the_fused_program_computes_the_reference(name, dtype, tol):
+    """SHAW-1..4, SCALE-2, SCALE-3, MASK-4, MASK-5, BIAS-1, BIAS-2, CAUSAL-1, WINDOW-1, HEAD-3, HEAD-4, PREC-4:
+    the online softmax with the key term's gathered table logits and the value term's per-row weight sums
+    (interior rows one key each, the clipped edges summed) equals the reference on inputs of the dtype, to that
+    dtype's rounding of the output; a row with no allowed key gives exactly bo."""
+    got, want, kw = _run(name, dtype)
+    assert got.dtype == torch.from_numpy(np.zeros(1, dtype)).dtype
+    np.testing.assert_allclose(got.double().numpy(), want, rtol=0, atol=tol * np.abs(want).max())
+
+
+def test_other_block_sizes_compute_the_same():
+    """Triton(block_m, block_n) are knobs of speed only: a 64 x 32 tiling of a causal call equals 16 x 16."""
+    small, want, _ = _run("shaw-keys-only-causal-long", np.float64)
+    big, _, _ = _run("shaw-keys-only-causal-long", np.float64, Triton(block_m=64, block_n=32))
+    np.testing.assert_allclose(big.numpy(), small.numpy(), rtol=0, atol=1e-13 * np.abs(want).max())
+
+
+@pytest.mark.parametrize(
+    "spec,kw,message",
+    [
+        (
+            AttentionSpec(2, 2, relative=Huang(3)),
+            {},
+            "triton fuses schemes whose terms are clipped tables (Shaw); Huang has none",
+        ),
+        (AttentionSpec(2, 2, relative=Shaw(1, key_side="own")), {}, "triton has no key-side term (SHAW-6)"),
+        (
+            AttentionSpec(2, 2, relative=Shaw(1)),
+            {"q_positions": True},
+            "triton indexes its tables by j - i: default positions only (POS-1)",
+        ),
+        (AttentionSpec(2, 2, softcap=5.0), {}, "triton has no soft cap (SOFTCAP-1)"),
+        (AttentionSpec(2, 2, mask_fill=-1e9), {}, "triton gives disallowed keys weight 0 only, no mask_fill (MASK-6)"),
+        (AttentionSpec(2, 2), {"return_weights": True}, "triton does not return the weights (return_weights=True)"),
+        (AttentionSpec(2, 2), {"grad": True}, "triton has no backward yet: it runs calls that record no gradient"),
+    ],
+    ids=["huang", "key-side", "positions", "softcap", "mask-fill", "weights", "gradients"],
+)  # fmt: skip
+def test_the_kernel_refuses_what_it_cannot_compute(spec, kw, message):
+    """KERN-1: each refusal names what the triton kernel cannot do, and the kernels that can."""
+    params = {n: torch.as_tensor(a) for n, a in numpy_ref.init_params(spec, 0).items()}
+    x = torch.randn(2, 3, 4, dtype=torch.float64, requires_grad=kw.get("grad", False))
+    positions = torch.arange(3) + 1 if kw.get("q_positions") else None
+    with pytest.raises(ValueError, match=re.escape(f"implementation='triton': cannot run this call: {message}")):
+        torch_impl.attention(
+            spec,
+            params,
+            x,
+            q_positions=positions,
+            return_weights=kw.get("return_weights", False),
+            implementation="triton",
+        )
+
+
+@pytest.mark.skipif(not interpreting(), reason="bfloat16 is refused only in Triton's interpreter")
+def test_bfloat16_is_refused_in_the_interpreter():
+    spec = AttentionSpec(2, 2, relative=Shaw(1))
+    params = {n: torch.as_tensor(a, dtype=torch.bfloat16) for n, a in numpy_ref.init_params(spec, 0).items()}
+    with pytest.raises(ValueError, match=re.escape(BFLOAT16_IN_INTERPRETER)):
+        torch_impl.attention(spec, params, torch.randn(1, 3, 4, dtype=torch.bfloat16), implementation="triton")
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("block_m", 24, "Triton.block_m: expected a power of two >= 16, got 24"),
+    ("block_n", 8, "Triton.block_n: expected an int >= 16, got 8"),
+])  # fmt: skip
+def test_the_block_sizes_are_checked(field, value, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Triton(**{field: value})
