@@ -135,3 +135,40 @@ def test_bfloat16_is_refused_in_the_interpreter():
 def test_the_block_sizes_are_checked(field, value, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         Triton(**{field: value})
+
+
+COMPILE = """
+import json, sys, torch
+from torch_impl.kernels import Triton
+from torch_impl.kernels.fused import compile_program
+arch, dtype, block = int(sys.argv[1]), getattr(torch, sys.argv[2]), int(sys.argv[3])
+program = compile_program(arch, dtype, Triton(block_m=block, block_n=block), d=64, dv=64, max_distance=16)
+print(json.dumps({"shared": program.metadata.shared, "cubin": len(program.asm["cubin"])}))
+"""
+
+
+@pytest.mark.parametrize(
+    "arch,dtype,block",
+    [(80, "float16", 64), (90, "bfloat16", 64), (90, "float32", 64), (90, "float64", 32)],
+    ids=["sm80-float16-64", "sm90-bfloat16-64", "sm90-float32-64", "sm90-float64-32"],
+)
+def test_the_program_compiles_for_cuda_and_its_shared_memory_fits(arch, dtype, block):
+    """The program lowers for real GPUs on this CPU (Triton's PTX, the bundled ptxas's cubin), with every term
+    (Shaw keys and values at k = 16, mask, bias, causal) at d = dv = 64, and one program's shared memory fits
+    the device's per-block limit (A100: 163 KiB, H100/H200: 227 KiB). Run in a process of its own: the
+    interpreter (TRITON_INTERPRET=1, set by the tests above) cannot compile."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from torch_impl.kernels.fused import SHARED_MEMORY_LIMIT
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-c", COMPILE, str(arch), dtype, str(block)], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["cubin"] > 0
+    assert 0 < result["shared"] <= SHARED_MEMORY_LIMIT[arch], result

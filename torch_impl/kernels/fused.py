@@ -126,6 +126,48 @@ def _program():
     return triton, triton.jit(_fused_program.shaw_forward)
 
 
+#: Triton's names of the element types of the program's pointers.
+_TRITON_TYPES = {torch.float64: "fp64", torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+#: Shared memory per block, in bytes, that CUDA lets a kernel use: sm_80 (A100) 163 KiB, sm_90 (H100, H200) 227 KiB.
+SHARED_MEMORY_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
+
+
+def compile_program(arch: int, dtype: torch.dtype, kernel: Triton = Triton(), *, d: int = 64, dv: int = 64,
+                    max_distance: int = 16, causal: bool = True, masked: bool = True, keys: bool = True,
+                    values: bool = True):  # fmt: skip
+    """The program compiled for a CUDA device of compute capability ``arch`` (80, 90) without one: Triton lowers
+    it to PTX and its bundled ptxas assembles a cubin on this machine; the result's ``metadata.shared`` is the
+    shared memory one program needs (check it against ``SHARED_MEMORY_LIMIT``). Needs a process in which
+    Triton is not interpreting (``TRITON_INTERPRET`` unset when Triton is imported)."""
+    import inspect
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    from . import _fused_program
+
+    names = list(inspect.signature(_fused_program.shaw_forward).parameters)
+    constexprs = dict(
+        KMAX=max_distance, CAUSAL=causal, MASKED=masked, BIASED=masked, KEYS=keys, VALUES=values, GROUP=1,
+        BM=kernel.block_m, BN=kernel.block_n, DP=_pow2(d), DVP=_pow2(dv), RP=_pow2(2 * max_distance + 1),
+    )  # fmt: skip
+    pointer = f"*{_TRITON_TYPES[dtype]}"
+    signature = {
+        n: "constexpr" if n in constexprs
+        else "*i8" if n == "A"
+        else pointer if n in ("Q", "K", "V", "RK", "RV", "BIAS", "OUT")
+        else "fp32" if n in ("scale", "rel_scale")
+        else "i32"
+        for n in names
+    }  # fmt: skip
+    source = ASTSource(
+        JITFunction(_fused_program.shaw_forward), signature, {(names.index(n),): v for n, v in constexprs.items()}
+    )
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32))
+
+
 def _pow2(n: int) -> int:
     return max(16, 1 << max(n - 1, 0).bit_length())
 
