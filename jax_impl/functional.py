@@ -60,7 +60,8 @@ def attention(
       dropout_keep: bool [B, H, Lq, Lk], only with spec.dropout > 0 (DROP-1..3).
       return_weights: also return the post-softmax, pre-dropout weights [B, H, Lq, Lk].
       implementation: None (chosen automatically), a kernel name (``"xla"``,
-        ``"tiles"``) or a kernel object (``jax_impl.kernels.Tiles(query_rows=128)``);
+        ``"tiles"``, ``"pallas"``: one fused Pallas program, forward calls, interpret mode on a CPU) or a
+        kernel object (``jax_impl.kernels.Tiles(query_rows=128)``);
         static under jit. An unknown name or a kernel that does not support
         the call is a ``ValueError`` (KERN-1).
 

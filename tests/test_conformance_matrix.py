@@ -56,6 +56,8 @@ CLI_ONLY = {
     "torch:flex": ALL,
     # Triton's interpreter: installed and run by .ci/run (tests/test_torch_triton.py checks the kernel there)
     "torch:triton": ALL,
+    # Pallas's interpret mode: tests/test_jax_pallas.py checks the kernel here
+    "jax:pallas": ALL,
     # the outside RoPE and bias adapters: each library's own tests here (tests/test_*rope*.py,
     # tests/test_*bias_libs.py) check it against the reference; its cells run in `python -m conformance run`
     # (keras-hub and Gemma are installed by .ci/run alone)

@@ -541,7 +541,7 @@ def test_the_module_passes_implementation_through():
     call = nnx.jit(lambda m, x, impl: m(x, deterministic=True, implementation=impl), static_argnums=2)
     for impl in ("xla", Tiles(query_rows=2)):
         np.testing.assert_allclose(np.asarray(call(m, x, impl)), expected, rtol=0, atol=1e-12)
-    with pytest.raises(ValueError, match=re.escape("implementation: expected None, one of ['xla', 'tiles']")):
+    with pytest.raises(ValueError, match=re.escape("implementation: expected None, one of ['xla', 'tiles', 'pallas']")):
         m(x, implementation="eager")
 
 
@@ -552,7 +552,7 @@ def test_unknown_kernels_and_bad_knobs_are_errors():
     with pytest.raises(
         ValueError,
         match=re.escape(
-            "implementation: expected None, one of ['xla', 'tiles'] or a "
+            "implementation: expected None, one of ['xla', 'tiles', 'pallas'] or a "
             "kernel object (jax_impl.kernels.Tiles(query_rows=...), ...), "
             "got 'flash'"
         ),
@@ -561,9 +561,9 @@ def test_unknown_kernels_and_bad_knobs_are_errors():
     with pytest.raises(
         TypeError,
         match=re.escape(
-            "implementation: expected None, a kernel name ['xla', 'tiles'] or "
+            "implementation: expected None, a kernel name ['xla', 'tiles', 'pallas'] or "
             "a kernel object (jax_impl.kernels.Xla(), "
-            "jax_impl.kernels.Tiles(...)), got int"
+            "jax_impl.kernels.Tiles(...), jax_impl.kernels.Pallas(...)), got int"
         ),
     ):
         jax_impl.attention(spec_, params, x, implementation=2)

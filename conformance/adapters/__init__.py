@@ -24,6 +24,7 @@ BUILTIN = {
     "jax": "conformance.adapters.jax_impl_adapter:JaxImplAdapter",
     "jax:xla": "conformance.adapters.jax_impl_adapter:JaxXlaAdapter",
     "jax:tiles": "conformance.adapters.jax_impl_adapter:JaxTilesAdapter",
+    "jax:pallas": "conformance.adapters.jax_impl_adapter:JaxPallasAdapter",
     "torch-sdpa": "conformance.adapters.torch_sdpa:TorchSDPAAdapter",
     "torch-mha": "conformance.adapters.torch_mha:TorchMHAAdapter",
     "jax-nn": "conformance.adapters.jax_nn:JaxNNAdapter",
@@ -68,6 +69,8 @@ EXTENDED = {
     "jax:xla": "jax_impl's readable baseline kernel compiles about 260 XLA programs of its own (Shaw, Huang and "
     "the plain causal rule differ from the tiles kernel the automatic choice runs), about 3.5 more minutes "
     "on 2 cores; the kernel tests check it against the reference in pytest",
+    "jax:pallas": "the fused Pallas kernel runs in interpret mode on a CPU: one program traced and compiled per case "
+    "and dtype, about 3 more minutes on 2 cores; tests/test_jax_pallas.py checks it against the reference in pytest",
 }
 
 

@@ -1,7 +1,7 @@
 """``jax_impl``, attnspec's own JAX implementation, jit-compiled: every feature, CPU and GPU.
 
 One adapter per kernel (KERN-1): ``jax`` lets ``jax_impl.attention`` choose
-(``implementation=None``), ``jax:xla`` / ``jax:tiles`` pin one kernel.
+(``implementation=None``), ``jax:xla`` / ``jax:tiles`` / ``jax:pallas`` pin one kernel.
 
 ``jax_impl.attention`` uses ``implementation`` in one place, ``kernels.resolve``;
 ``jax`` asks the same function which kernel ``None`` resolves to for the
@@ -19,7 +19,7 @@ from typing import ClassVar, Optional
 import numpy as np
 
 from . import _jax
-from .base import Capabilities
+from .base import FEATURES, Capabilities
 
 DIFF_INPUTS = ("query", "key", "value", "bias")
 
@@ -187,3 +187,45 @@ class JaxTilesAdapter(JaxImplAdapter):
     name = "jax:tiles"
     description = "jax_impl with implementation='tiles': skew, banded Shaw sums, causal query tiles"
     implementation = "tiles"
+
+
+#: What the pallas kernel cannot be asked for (KERN-1): its program fuses Shaw's tables at default positions.
+PALLAS_MISSING = {
+    "huang": "the pallas kernel fuses Shaw's tables only",
+    "huang-values": "the pallas kernel fuses Shaw's tables only",
+    "shaw-key-side": "the pallas kernel has no key-side term (SHAW-6)",
+    "positions": "the pallas kernel indexes its tables by j - i: default positions only",
+    "softcap": "the pallas kernel has no soft cap",
+    "mask-fill": "the pallas kernel gives disallowed keys weight 0 only",
+    "dropout-keep": "the pallas kernel takes no keep mask",
+    **{
+        f: "the pallas kernel fuses Shaw's tables only"
+        for f in FEATURES
+        if f.startswith(("rope", "alibi", "t5", "swin"))
+    },
+}
+
+
+class JaxPallasAdapter(JaxImplAdapter):
+    name = "jax:pallas"
+    description = (
+        "jax_impl with implementation='pallas': one fused Pallas program with Shaw's key and value terms; "
+        "interpret mode on the CPU, lowered to Triton on GPU; forward calls"
+    )
+    implementation = "pallas"
+    shares_programs_with = ()
+
+    def capabilities(self):
+        self.environment()
+        devices = _jax.devices()
+        return Capabilities(
+            devices=devices,
+            features=FEATURES - set(PALLAS_MISSING),
+            weights=False,
+            notes=dict(PALLAS_MISSING),
+            no_gradients=dict.fromkeys(devices, "pallas_call has no derivative rule: the pallas kernel runs forwards"),
+        )
+
+    def forward(self, spec, params, inputs, *, device, need_weights):
+        """The forward alone (its program compiles no gradient, which pallas_call has not)."""
+        return self.forward_only(spec, params, inputs, device=device)

@@ -7,7 +7,11 @@ an unsupported combination is an error, never a silent fallback (KERN-1).
 - ``"xla"`` (``Xla()``): the readable baseline, whole (B, H, Lq, Lk)
   logits and the schemes' plain hooks;
 - ``"tiles"`` (``Tiles(query_rows=256)``): the fast algorithms (Huang skew,
-  banded Shaw value sums, causal query tiles), knobs as fields.
+  banded Shaw value sums, causal query tiles), knobs as fields;
+- ``"pallas"`` (``Pallas(block_q=16, block_k=16)``): one fused Pallas program
+  with Shaw's key and value terms inside (forward calls at default
+  positions; interpret mode where the default backend is the CPU). Never
+  chosen automatically.
 
 ``implementation=None`` takes the first of ``AUTOMATIC`` that supports the
 call: ``Tiles()`` for every call of the built-in schemes. A kernel object
@@ -20,13 +24,14 @@ from __future__ import annotations
 from spec import AttentionSpec
 
 from ._base import Call, Inputs, Kernel
+from .pallas import Pallas
 from .tiles import Tiles
 from .xla import Xla
 
-__all__ = ["AUTOMATIC", "NAMES", "Call", "Inputs", "Kernel", "Tiles", "Xla", "resolve"]
+__all__ = ["AUTOMATIC", "NAMES", "Call", "Inputs", "Kernel", "Pallas", "Tiles", "Xla", "resolve"]
 
 #: The kernel names ``implementation=`` accepts.
-NAMES = ("xla", "tiles")
+NAMES = ("xla", "tiles", "pallas")
 #: The kernels the automatic choice tries, in order.
 AUTOMATIC = (Tiles(), Xla())
 
@@ -45,7 +50,9 @@ def resolve(implementation, spec: AttentionSpec, call: Call) -> Kernel:
             kernel = Xla()
         case "tiles":
             kernel = Tiles()
-        case Xla() | Tiles():
+        case "pallas":
+            kernel = Pallas()
+        case Xla() | Tiles() | Pallas():
             kernel = implementation
         case str():
             raise ValueError(
@@ -55,7 +62,7 @@ def resolve(implementation, spec: AttentionSpec, call: Call) -> Kernel:
         case _:
             raise TypeError(
                 f"implementation: expected None, a kernel name {list(NAMES)} or a kernel object "
-                f"(jax_impl.kernels.Xla(), jax_impl.kernels.Tiles(...)), "
+                f"(jax_impl.kernels.Xla(), jax_impl.kernels.Tiles(...), jax_impl.kernels.Pallas(...)), "
                 f"got {type(implementation).__name__}"
             )
     reason = kernel.unsupported(spec, call)

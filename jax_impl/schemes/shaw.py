@@ -32,6 +32,18 @@ def shaw_index(delta, max_distance: int):
     return jnp.clip(delta, -max_distance, max_distance) + max_distance
 
 
+# ---------------------------------------------------------------- fused hooks (the pallas kernel)
+def fused_unsupported(scheme):
+    """Why the pallas kernel cannot fuse this Shaw scheme, or None: it has the key and value terms (SHAW-3,
+    SHAW-4), not the key side (SHAW-6)."""
+    return None if scheme.key_side is None else "pallas has no key-side term (SHAW-6)"
+
+
+def fused_tables(scheme, params: dict) -> tuple:
+    """(rel_k or None, rel_v or None, k): the tables the pallas kernel reads, (R, c) or (H, R, c) (REL-2)."""
+    return params["rel_k"] if scheme.keys else None, params["rel_v"] if scheme.values else None, scheme.max_distance
+
+
 # ---------------------------------------------------------------- plain hooks (xla)
 def key_term(scheme, params: dict, q, delta):
     """SHAW-3: term[b, h, i, j] = q_i . rel_k[idx[b, i, j]], before s_rel (SCALE-3).

@@ -1,0 +1,145 @@
+"""The pallas kernel (jax_impl/kernels/pallas.py) against the reference: Shaw's key and value terms in one fused
+Pallas program, in interpret mode on this CPU and lowered to Triton for a GPU. Expected values come from
+numpy_ref (float64)."""
+
+import re
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+
+import jax.numpy as jnp  # noqa: E402
+
+import jax_impl  # noqa: E402
+import numpy_ref  # noqa: E402
+from conformance.adapters import _jax  # noqa: E402
+from jax_impl.kernels import Pallas  # noqa: E402
+from spec import AttentionSpec, Huang, Shaw  # noqa: E402
+
+_jax.setup()  # x64, as the harness runs it
+
+CALLS = {
+    "vanilla-cross": (AttentionSpec(2, 4), {}),
+    "shaw-k2-cross-mask-bias": (AttentionSpec(2, 4, relative=Shaw(2)), {"mask": True, "bias": True}),
+    "shaw-k0-causal": (AttentionSpec(2, 4, relative=Shaw(0), causal=True), {}),
+    "shaw-k3-gqa-per-head-dv": (
+        AttentionSpec(4, 4, num_kv_heads=2, value_head_dim=3, relative=Shaw(3, per_head=True)),
+        {"mask": True},
+    ),
+    "shaw-k40-past-every-distance-window": (AttentionSpec(2, 4, relative=Shaw(40), window=(3, 2)), {}),
+    "shaw-keys-only-causal-long": (AttentionSpec(2, 8, relative=Shaw(5, values=False), causal=True), {"L": 40}),
+}
+DTYPES = {"float64": (np.float64, 1e-13), "float32": (np.float32, 2e-6), "bfloat16": (jnp.bfloat16, 3e-2)}
+
+
+def _run(name, dtype, kernel="pallas"):
+    spec, extra = CALLS[name]
+    rng = np.random.default_rng(4)
+    params = numpy_ref.init_params(spec, 2)
+    for n in ("rel_k", "rel_v"):
+        if n in params:
+            params[n] = rng.normal(size=params[n].shape)
+    Lq, Lk = extra.get("L", 7), extra.get("L", 9)
+    x, y = rng.normal(size=(2, Lq, spec.model_dim)), rng.normal(size=(2, Lk, spec.model_dim))
+    kw = {}
+    if extra.get("mask"):
+        kw["mask"] = rng.random((2, 1, Lq, Lk)) < 0.7
+        kw["mask"][0, :, 3] = False  # a row with no allowed key (MASK-5)
+    if extra.get("bias"):
+        kw["bias"] = rng.normal(size=(1, spec.num_heads, Lq, Lk))
+        kw["bias"][0, 1, 2, :4] = -np.inf  # BIAS-2
+
+    def rounded(a):
+        return np.asarray(jnp.asarray(a).astype(dtype).astype(jnp.float64))
+
+    want = numpy_ref.attention(
+        spec,
+        {n: rounded(a) for n, a in params.items()},
+        rounded(x),
+        rounded(y),
+        rounded(y),
+        **{n: (rounded(a) if n == "bias" else a) for n, a in kw.items()},
+    )
+    j = {n: jnp.asarray(a).astype(dtype) for n, a in params.items()}
+    jkw = {n: (jnp.asarray(a).astype(dtype) if n == "bias" else jnp.asarray(a)) for n, a in kw.items()}
+    x, y = jnp.asarray(x).astype(dtype), jnp.asarray(y).astype(dtype)
+    return jax_impl.attention(spec, j, x, y, **jkw, implementation=kernel), want
+
+
+@pytest.mark.parametrize("name", CALLS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_fused_program_computes_the_reference(name, dtype):
+    """SHAW-1..4, SCALE-2, SCALE-3, MASK-4, MASK-5, BIAS-1, BIAS-2, CAUSAL-1, WINDOW-1, HEAD-3, HEAD-4, PREC-4:
+    the online softmax with the key term's table logits and the value term's per-row weight sums, both by
+    comparison with the row index (no gather), equals the reference on inputs of the dtype, to that dtype's
+    rounding of the output."""
+    jdtype, tol = DTYPES[dtype]
+    got, want = _run(name, jdtype)
+    assert got.dtype == jnp.dtype(jdtype)
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=0, atol=tol * np.abs(want).max())
+
+
+def test_other_block_sizes_compute_the_same():
+    """Pallas(block_q, block_k) are knobs of speed only: 32 x 16 blocks of a causal call equal 16 x 16."""
+    small, want = _run("shaw-keys-only-causal-long", np.float64)
+    big, _ = _run("shaw-keys-only-causal-long", np.float64, Pallas(block_q=32, block_k=16))
+    np.testing.assert_allclose(np.asarray(big), np.asarray(small), rtol=0, atol=1e-13 * np.abs(want).max())
+
+
+@pytest.mark.parametrize(
+    "spec,kw,message",
+    [
+        (AttentionSpec(2, 2, relative=Huang(3)), {}, "pallas fuses schemes whose terms are clipped tables (Shaw); "
+                                                      "Huang has none"),
+        (AttentionSpec(2, 2, relative=Shaw(1, key_side="own")), {}, "pallas has no key-side term (SHAW-6)"),
+        (AttentionSpec(2, 2, relative=Shaw(1)), {"q_positions": True}, "pallas indexes its tables by j - i: "
+                                                                        "default positions only (POS-1)"),
+        (AttentionSpec(2, 2, softcap=5.0), {}, "pallas has no soft cap (SOFTCAP-1)"),
+        (AttentionSpec(2, 2, mask_fill=-1e9), {}, "pallas gives disallowed keys weight 0 only, no mask_fill (MASK-6)"),
+        (AttentionSpec(2, 2), {"return_weights": True}, "pallas does not return the weights (return_weights=True)"),
+    ],
+    ids=["huang", "key-side", "positions", "softcap", "mask-fill", "weights"],
+)  # fmt: skip
+def test_the_kernel_refuses_what_it_cannot_compute(spec, kw, message):
+    """KERN-1: each refusal names what the pallas kernel cannot do."""
+    params = {n: jnp.asarray(a) for n, a in numpy_ref.init_params(spec, 0).items()}
+    x = jnp.ones((2, 3, 4))
+    positions = jnp.arange(3) + 1 if kw.get("q_positions") else None
+    with pytest.raises(ValueError, match=re.escape(f"implementation='pallas' does not support this call: {message}")):
+        jax_impl.attention(
+            spec,
+            params,
+            x,
+            q_positions=positions,
+            return_weights=kw.get("return_weights", False),
+            implementation="pallas",
+        )
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("block_q", 24, "Pallas.block_q: expected a power of two >= 16, got 24"),
+    ("block_k", 8, "Pallas.block_k: expected a power of two >= 16, got 8"),
+])  # fmt: skip
+def test_the_block_sizes_are_checked(field, value, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Pallas(**{field: value})
+
+
+def test_the_program_lowers_to_triton_for_cuda():
+    """The same program, not interpreted, lowers through Pallas's Triton backend on this CPU: ``jax.export``
+    for the cuda platform gives a module that calls the Triton kernel (every term: Shaw keys and values at
+    k = 8, a causal rule, float16, d = 64)."""
+    from jax_impl.kernels.pallas import fused_attention
+
+    def f(q, k, v, rel_k, rel_v):
+        return fused_attention(
+            q, k, v, rel_k, rel_v, None, None, kmax=8, scale=0.125, rel_scale=0.125, causal=True, interpret=False
+        )
+
+    shapes = [(2, 4, 64, 64)] * 3 + [(17, 64)] * 2
+    args = [jax.ShapeDtypeStruct(s, jnp.float16) for s in shapes]
+    triton_call = jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
+    exported = jax.export.export(jax.jit(f), platforms=("cuda",), disabled_checks=[triton_call])(*args)
+    text = exported.mlir_module()
+    assert "__gpu$xla.gpu.triton" in text and exported.platforms == ("cuda",)
