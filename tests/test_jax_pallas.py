@@ -10,6 +10,7 @@ import pytest
 jax = pytest.importorskip("jax")
 
 import jax.numpy as jnp  # noqa: E402
+from _fused_calls import CALLS, draw  # noqa: E402
 
 import jax_impl  # noqa: E402
 import numpy_ref  # noqa: E402
@@ -19,48 +20,11 @@ from spec import AttentionSpec, Huang, Shaw  # noqa: E402
 
 _jax.setup()  # x64, as the harness runs it
 
-CALLS = {
-    "vanilla-cross": (AttentionSpec(2, 4), {}),
-    "shaw-k2-cross-mask-bias": (AttentionSpec(2, 4, relative=Shaw(2)), {"mask": True, "bias": True}),
-    "shaw-k0-causal": (AttentionSpec(2, 4, relative=Shaw(0), causal=True), {}),
-    "shaw-k3-gqa-per-head-dv": (
-        AttentionSpec(4, 4, num_kv_heads=2, value_head_dim=3, relative=Shaw(3, per_head=True)),
-        {"mask": True},
-    ),
-    "shaw-k40-past-every-distance-window": (AttentionSpec(2, 4, relative=Shaw(40), window=(3, 2)), {}),
-    "shaw-keys-only-causal-long": (AttentionSpec(2, 8, relative=Shaw(5, values=False), causal=True), {"L": 40}),
-}
 DTYPES = {"float64": (np.float64, 1e-13), "float32": (np.float32, 2e-6), "bfloat16": (jnp.bfloat16, 3e-2)}
 
 
 def _run(name, dtype, kernel="pallas"):
-    spec, extra = CALLS[name]
-    rng = np.random.default_rng(4)
-    params = numpy_ref.init_params(spec, 2)
-    for n in ("rel_k", "rel_v"):
-        if n in params:
-            params[n] = rng.normal(size=params[n].shape)
-    Lq, Lk = extra.get("L", 7), extra.get("L", 9)
-    x, y = rng.normal(size=(2, Lq, spec.model_dim)), rng.normal(size=(2, Lk, spec.model_dim))
-    kw = {}
-    if extra.get("mask"):
-        kw["mask"] = rng.random((2, 1, Lq, Lk)) < 0.7
-        kw["mask"][0, :, 3] = False  # a row with no allowed key (MASK-5)
-    if extra.get("bias"):
-        kw["bias"] = rng.normal(size=(1, spec.num_heads, Lq, Lk))
-        kw["bias"][0, 1, 2, :4] = -np.inf  # BIAS-2
-
-    def rounded(a):
-        return np.asarray(jnp.asarray(a).astype(dtype).astype(jnp.float64))
-
-    want = numpy_ref.attention(
-        spec,
-        {n: rounded(a) for n, a in params.items()},
-        rounded(x),
-        rounded(y),
-        rounded(y),
-        **{n: (rounded(a) if n == "bias" else a) for n, a in kw.items()},
-    )
+    spec, params, x, y, kw, want = draw(name, lambda a: np.asarray(jnp.asarray(a).astype(dtype), np.float64))
     j = {n: jnp.asarray(a).astype(dtype) for n, a in params.items()}
     jkw = {n: (jnp.asarray(a).astype(dtype) if n == "bias" else jnp.asarray(a)) for n, a in kw.items()}
     x, y = jnp.asarray(x).astype(dtype), jnp.asarray(y).astype(dtype)

@@ -12,6 +12,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from _fused_calls import CALLS, draw  # noqa: E402
+
 import numpy_ref  # noqa: E402
 import torch_impl  # noqa: E402
 from spec import AttentionSpec, Huang, Shaw  # noqa: E402
@@ -20,48 +22,15 @@ from torch_impl.kernels.fused import BFLOAT16_IN_INTERPRETER, interpreting, trit
 
 pytestmark = pytest.mark.skipif(bool(triton_unavailable()), reason=str(triton_unavailable()))
 
-CALLS = {
-    "vanilla-cross": (AttentionSpec(2, 4), {}),
-    "shaw-k2-cross-mask-bias": (AttentionSpec(2, 4, relative=Shaw(2)), {"mask": True, "bias": True}),
-    "shaw-k0-causal": (AttentionSpec(2, 4, relative=Shaw(0), causal=True), {}),
-    "shaw-k3-gqa-per-head-dv": (
-        AttentionSpec(4, 4, num_kv_heads=2, value_head_dim=3, relative=Shaw(3, per_head=True)),
-        {"mask": True},
-    ),
-    "shaw-k40-past-every-distance-window": (AttentionSpec(2, 4, relative=Shaw(40), window=(3, 2)), {}),
-    "shaw-values-only-unscaled": (AttentionSpec(2, 4, relative=Shaw(2, keys=False), scale_relative=False), {}),
-    "shaw-keys-only-causal-long": (AttentionSpec(2, 8, relative=Shaw(5, values=False), causal=True), {"L": 70}),
-}
-
 
 def _run(name, dtype, kernel=Triton()):
-    spec, extra = CALLS[name]
-    rng = np.random.default_rng(4)
-    params = numpy_ref.init_params(spec, 2)
-    for n in ("rel_k", "rel_v"):
-        if n in params:
-            params[n] = rng.normal(size=params[n].shape)
-    Lq = extra.get("L", 7)
-    Lk = extra.get("L", 9)
-    x, y = rng.normal(size=(2, Lq, spec.model_dim)), rng.normal(size=(2, Lk, spec.model_dim))
-    kw = {}
-    if extra.get("mask"):
-        kw["mask"] = rng.random((2, 1, Lq, Lk)) < 0.7
-        kw["mask"][0, :, 3] = False  # a row with no allowed key (MASK-5)
-    if extra.get("bias"):
-        kw["bias"] = rng.normal(size=(1, spec.num_heads, Lq, Lk))
-        kw["bias"][0, 1, 2, :4] = -np.inf  # BIAS-2
-    rounded = {n: a.astype(dtype).astype(np.float64) for n, a in params.items()}
-    x, y = x.astype(dtype).astype(np.float64), y.astype(dtype).astype(np.float64)
-    want = numpy_ref.attention(
-        spec, rounded, x, y, y, **{n: (a.astype(dtype) if n == "bias" else a) for n, a in kw.items()}
-    )
+    spec, params, x, y, kw, want = draw(name, lambda a: np.asarray(a).astype(dtype).astype(np.float64))
     t = {n: torch.as_tensor(a.astype(dtype)) for n, a in params.items()}
-    tkw = {n: torch.as_tensor(a.astype(dtype) if n == "bias" else a) for n, a in kw.items()}  # bias in the dtype
+    tkw = {n: torch.as_tensor(a.astype(dtype) if n == "bias" else a) for n, a in kw.items()}
     got = torch_impl.attention(
         spec, t, torch.as_tensor(x.astype(dtype)), torch.as_tensor(y.astype(dtype)), **tkw, implementation=kernel
     )
-    return got, want, kw
+    return got, want
 
 
 @pytest.mark.parametrize("name", CALLS)
@@ -71,15 +40,15 @@ def test_the_fused_program_computes_the_reference(name, dtype, tol):
     the online softmax with the key term's gathered table logits and the value term's per-row weight sums
     (interior rows one key each, the clipped edges summed) equals the reference on inputs of the dtype, to that
     dtype's rounding of the output; a row with no allowed key gives exactly bo."""
-    got, want, kw = _run(name, dtype)
+    got, want = _run(name, dtype)
     assert got.dtype == torch.from_numpy(np.zeros(1, dtype)).dtype
     np.testing.assert_allclose(got.double().numpy(), want, rtol=0, atol=tol * np.abs(want).max())
 
 
 def test_other_block_sizes_compute_the_same():
     """Triton(block_m, block_n) are knobs of speed only: a 64 x 32 tiling of a causal call equals 16 x 16."""
-    small, want, _ = _run("shaw-keys-only-causal-long", np.float64)
-    big, _, _ = _run("shaw-keys-only-causal-long", np.float64, Triton(block_m=64, block_n=32))
+    small, want = _run("shaw-keys-only-causal-long", np.float64)
+    big, _ = _run("shaw-keys-only-causal-long", np.float64, Triton(block_m=64, block_n=32))
     np.testing.assert_allclose(big.numpy(), small.numpy(), rtol=0, atol=1e-13 * np.abs(want).max())
 
 

@@ -95,6 +95,22 @@ REFERENCE_FEATURES = frozenset({"rejects-bad-bias-values", "validates-vjp-input"
 DTYPES = ("float64", "float32", "bfloat16", "float16")
 
 
+def fused_missing(kernel: str) -> dict:
+    """What a fused kernel that computes Shaw's tables at default positions (torch_impl's ``triton``, jax_impl's
+    ``pallas``) cannot be asked for: feature -> the reason, for ``Capabilities.notes``."""
+    others = f"the {kernel} kernel fuses Shaw's tables only"
+    return {
+        "huang": others,
+        "huang-values": others,
+        "shaw-key-side": f"the {kernel} kernel has no key-side term (SHAW-6)",
+        "positions": f"the {kernel} kernel indexes its tables by j - i: default positions only",
+        "softcap": f"the {kernel} kernel has no soft cap",
+        "mask-fill": f"the {kernel} kernel gives disallowed keys weight 0 only",
+        "dropout-keep": f"the {kernel} kernel takes no keep mask",
+        **{f: others for f in sorted(FEATURES) if f.startswith(("rope", "alibi", "t5", "swin"))},
+    }
+
+
 @dataclass(frozen=True)
 class Capabilities:
     dtypes: tuple = DTYPES

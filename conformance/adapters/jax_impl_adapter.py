@@ -19,7 +19,7 @@ from typing import ClassVar, Optional
 import numpy as np
 
 from . import _jax
-from .base import FEATURES, Capabilities
+from .base import FEATURES, Capabilities, fused_missing
 
 DIFF_INPUTS = ("query", "key", "value", "bias")
 
@@ -190,20 +190,7 @@ class JaxTilesAdapter(JaxImplAdapter):
 
 
 #: What the pallas kernel cannot be asked for (KERN-1): its program fuses Shaw's tables at default positions.
-PALLAS_MISSING = {
-    "huang": "the pallas kernel fuses Shaw's tables only",
-    "huang-values": "the pallas kernel fuses Shaw's tables only",
-    "shaw-key-side": "the pallas kernel has no key-side term (SHAW-6)",
-    "positions": "the pallas kernel indexes its tables by j - i: default positions only",
-    "softcap": "the pallas kernel has no soft cap",
-    "mask-fill": "the pallas kernel gives disallowed keys weight 0 only",
-    "dropout-keep": "the pallas kernel takes no keep mask",
-    **{
-        f: "the pallas kernel fuses Shaw's tables only"
-        for f in FEATURES
-        if f.startswith(("rope", "alibi", "t5", "swin"))
-    },
-}
+PALLAS_MISSING = fused_missing("pallas")
 
 
 class JaxPallasAdapter(JaxImplAdapter):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import ClassVar, Optional
 
 from . import _torch
-from .base import FEATURES, Capabilities
+from .base import FEATURES, Capabilities, fused_missing
 
 KWARGS = ("mask", "bias", "q_positions", "k_positions", "dropout_keep")
 DENSE = ("query", "key", "value", "bias")
@@ -155,20 +155,7 @@ class TorchFlexAdapter(TorchImplAdapter):
 
 
 #: What the triton kernel cannot be asked for (KERN-1): its program fuses Shaw's tables at default positions.
-TRITON_MISSING = {
-    "huang": "the triton kernel fuses Shaw's tables only",
-    "huang-values": "the triton kernel fuses Shaw's tables only",
-    "shaw-key-side": "the triton kernel has no key-side term (SHAW-6)",
-    "positions": "the triton kernel indexes its tables by j - i: default positions only",
-    "softcap": "the triton kernel has no soft cap",
-    "mask-fill": "the triton kernel gives disallowed keys weight 0 only",
-    "dropout-keep": "the triton kernel takes no keep mask",
-    **{
-        f: "the triton kernel fuses Shaw's tables only"
-        for f in FEATURES
-        if f.startswith(("rope", "alibi", "t5", "swin"))
-    },
-}
+TRITON_MISSING = fused_missing("triton")
 
 
 class TorchTritonAdapter(TorchImplAdapter):
