@@ -19,6 +19,7 @@ from jax_impl.kernels import Pallas  # noqa: E402
 from spec import AttentionSpec, Huang, Shaw  # noqa: E402
 
 _jax.setup()  # x64, as the harness runs it
+pytestmark = pytest.mark.fused  # .ci/run's tier: pytest -m fused (not in the default run, for its time)
 
 DTYPES = {"float64": (np.float64, 1e-13), "float32": (np.float32, 2e-6), "bfloat16": (jnp.bfloat16, 3e-2)}
 

@@ -20,7 +20,10 @@ from spec import AttentionSpec, Huang, Shaw  # noqa: E402
 from torch_impl.kernels import Triton  # noqa: E402
 from torch_impl.kernels.fused import BFLOAT16_IN_INTERPRETER, interpreting, triton_unavailable  # noqa: E402
 
-pytestmark = pytest.mark.skipif(bool(triton_unavailable()), reason=str(triton_unavailable()))
+pytestmark = [
+    pytest.mark.fused,  # .ci/run's tier: pytest -m fused (not in the default run, for its time)
+    pytest.mark.skipif(bool(triton_unavailable()), reason=str(triton_unavailable())),
+]
 
 
 def _run(name, dtype, kernel=Triton()):
