@@ -41,6 +41,10 @@ GRADIENT_KERNELS = ("eager", "tiles", "tiles-tiny")
 #: Kernels checked here by their forward only: FlexAttention has no backward on the CPU (PyTorch 2.13);
 #: eager, the same score_mod as compiled (``test_compiled_flex_matches_eager_flex`` compares the two).
 FORWARD_KERNELS = {**KERNELS, "flex": Flex(compiled=False)}
+#: The flex kernel's checks: FlexAttention is a GPU kernel run eagerly on the CPU (0.2 s or more a call), so its
+#: tests are the `fused` tier of .ci/run (pytest -m fused) with the Triton and Pallas kernels' (the README's pytest
+#: leaves them out for time)
+FUSED = pytest.mark.fused
 #: Kernels that return no weights (return_weights=True is theirs to refuse, KERN-1).
 WEIGHTLESS = ("sdpa", "flex")
 TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -153,6 +157,7 @@ def test_kernel_matches_the_reference_in_float64(kernel, seed):
     check_kernel_in_float64(kernel, seed)
 
 
+@FUSED
 @settings(max_examples=40)  # eager FlexAttention vmaps its score_mod over every pair: 0.2 s a call
 @given(seed=st.integers(0, 2**32 - 1))
 def test_flex_matches_the_reference_in_float64(seed):
@@ -198,7 +203,7 @@ def test_kernel_gradients_match_the_reference_vjp_in_float64(kernel, seed):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("kernel", FORWARD_KERNELS)
+@pytest.mark.parametrize("kernel", [pytest.param(k, marks=FUSED) if k == "flex" else k for k in FORWARD_KERNELS])
 @settings(max_examples=30)
 @given(seed=st.integers(0, 2**32 - 1))
 def test_kernel_in_lower_precision_stays_within_the_harness_budget(kernel, dtype, seed):
@@ -509,6 +514,7 @@ def test_the_flex_kernel_checks_its_field():
         Flex(compiled=1)
 
 
+@FUSED
 def test_the_flex_adapter_checks_the_forward_and_skips_the_cpu_gradients_with_the_reason():
     """torch:flex in the harness: eager FlexAttention on the CPU passes every forward check of a cell (here
     ALiBi with a causal rule, T5 with a mask and positions, Shaw's value term) and its gradients are one skip
@@ -976,6 +982,7 @@ def test_tiles_of_whole_groups_or_part_of_a_group_match_the_reference(kv_heads, 
     ],
     ids=["alibi-causal", "t5-softcap"],
 )
+@FUSED
 def test_compiled_flex_matches_eager_flex(spec):
     """The fused FlexAttention kernel (torch.compile) computes what its eager form does, to float32 rounding,
     with explicit positions and a mask."""
@@ -1005,6 +1012,7 @@ SHAW_VALUE_CALLS = {
 }
 
 
+@FUSED
 @pytest.mark.parametrize("name", SHAW_VALUE_CALLS)
 def test_flex_computes_shaw_values_from_its_log_sum_exp(name):
     """SHAW-4 in the flex kernel: the band's weights recomputed from FlexAttention's log-sum-exp, the clipped
@@ -1034,6 +1042,7 @@ def test_flex_computes_shaw_values_from_its_log_sum_exp(name):
         assert torch.equal(got[0, 3], t["bo"])
 
 
+@FUSED
 def test_flex_shaw_values_keep_float32_accuracy_with_large_logits():
     """The value term's weights exp(score - lse) lose ulp(lse) when logits are large (1e3: 6e-5 in float32):
     the flex kernel shifts every row by a band logit first, so float32 stays at float32 rounding of the
