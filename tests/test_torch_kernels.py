@@ -441,12 +441,16 @@ def test_an_unknown_kernel_name_lists_the_names(shaw_layer):
 
 
 def test_sdpa_refuses_a_relative_scheme_and_names_the_kernels_that_can(shaw_layer):
+    """The kernels that can: the fused triton kernel too where Triton is installed (the `triton` extra)."""
+    from torch_impl.kernels.fused import triton_unavailable
+
     spec, params, x = shaw_layer
+    able = "'eager', 'tiles', 'flex'" + ("" if triton_unavailable() else ", 'triton'")
     with pytest.raises(
         ValueError,
         match=re.escape(
             "implementation='sdpa': cannot run this call: Shaw relative terms need the key_term and value_term "
-            "hooks, and sdpa calls qk_transform, bias; kernels that can: 'eager', 'tiles', 'flex' "
+            f"hooks, and sdpa calls qk_transform, bias; kernels that can: {able} "
             "(KERN-1: no silent fallback)"
         ),
     ):
