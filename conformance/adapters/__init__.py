@@ -69,6 +69,9 @@ EXTENDED = {
     "jax:xla": "jax_impl's readable baseline kernel compiles about 260 XLA programs of its own (Shaw, Huang and "
     "the plain causal rule differ from the tiles kernel the automatic choice runs), about 3.5 more minutes "
     "on 2 cores; the kernel tests check it against the reference in pytest",
+    "torch:flex": "FlexAttention runs eagerly on a CPU (it vmaps its score_mod over every pair; the Shaw value term "
+    "adds a second call): about 7 minutes of the 2 cores over four dtypes; tests/test_torch_kernels.py checks it "
+    "against the reference (pytest -m fused)",
     "jax:pallas": "the fused Pallas kernel runs in interpret mode on a CPU: one program traced and compiled per case "
     "and dtype, about 3 more minutes on 2 cores; tests/test_jax_pallas.py checks it against the reference in pytest",
 }
