@@ -406,8 +406,48 @@ CHOICES = [
 
 @pytest.mark.parametrize("spec,kw,expected", CHOICES, ids=[f"{i}-{c[2]}" for i, c in enumerate(CHOICES)])
 def test_the_automatic_choice_is_sdpa_for_plain_calls_and_tiles_otherwise(spec, kw, expected):
-    """KERN-1: implementation=None takes the first of ("sdpa", "tiles") that supports the call."""
+    """KERN-1: implementation=None takes the first of ("sdpa", "triton", "tiles") that supports the call; on this
+    CPU never triton (its interpreter is not chosen automatically)."""
     assert kernels.resolve(None, spec, plain_call(**kw)).name == expected
+
+
+CUDA_CHOICES = [
+    (AttentionSpec(2, 3), {}, "sdpa"),
+    (AttentionSpec(2, 3, relative=Shaw(2)), {}, "triton"),
+    (AttentionSpec(2, 3, relative=Alibi(), causal=True), {"causal": True}, "sdpa"),
+    (
+        AttentionSpec(2, 3, relative=Shaw(2), causal=True),
+        {"causal": True, "q_positions": torch.arange(5) + 7},
+        "triton",
+    ),
+    (AttentionSpec(2, 3, relative=Shaw(2), causal=True), {"causal": True, "q_positions": torch.arange(5) * 2}, "tiles"),
+    (AttentionSpec(2, 3, relative=Huang(4)), {}, "tiles"),
+    (AttentionSpec(2, 3, relative=Shaw(2), softcap=3.0), {}, "tiles"),
+    (AttentionSpec(2, 3, relative=Shaw(2)), {"return_weights": True}, "tiles"),
+]
+
+
+@pytest.mark.parametrize("spec,kw,expected", CUDA_CHOICES, ids=[f"{i}-{c[2]}" for i, c in enumerate(CUDA_CHOICES)])
+def test_on_cuda_the_automatic_choice_takes_triton_for_what_it_fuses(spec, kw, expected):
+    """KERN-1: for CUDA tensors (a call whose device is cuda, with Triton compiling rather than interpreting)
+    the automatic choice takes triton after sdpa (which takes ALiBi, T5 and RoPE as a bias or a rotation): Shaw,
+    with a run of positions too; not at strided positions, nor Huang, a soft cap or returned weights (tiles)."""
+    from torch_impl.kernels import fused
+
+    call = Call(2, 5, 5, torch.device("cuda"), **kw)
+    with (
+        mock.patch.object(fused, "interpreting", return_value=False),
+        mock.patch.object(fused, "triton_unavailable", return_value=None),
+    ):
+        assert kernels.resolve(None, spec, call).name == expected
+
+
+def test_the_triton_interpreter_is_never_chosen_automatically():
+    from torch_impl.kernels import fused
+
+    with mock.patch.object(fused, "interpreting", return_value=True):
+        reason = kernels.KERNELS["triton"]().automatic(AttentionSpec(2, 3, relative=Shaw(2)), plain_call())
+    assert reason == "triton is chosen automatically where it compiles for a CUDA device, not in its interpreter"
 
 
 @pytest.mark.parametrize("relative,expected", [(None, "sdpa"), (Shaw(2), "tiles"), (Huang(3), "tiles")])

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import ClassVar, Optional
 
 from . import _torch
-from .base import FEATURES, Capabilities, fused_missing
+from .base import FEATURES, Capabilities
 
 KWARGS = ("mask", "bias", "q_positions", "k_positions", "dropout_keep")
 DENSE = ("query", "key", "value", "bias")
@@ -154,15 +154,24 @@ class TorchFlexAdapter(TorchImplAdapter):
         return Flex(compiled=device != "cpu")
 
 
-#: What the triton kernel cannot be asked for (KERN-1): its program fuses Shaw's tables at default positions.
-TRITON_MISSING = fused_missing("triton")
+#: What the triton kernel cannot be asked for (KERN-1): it fuses Shaw's tables, RoPE, ALiBi and T5.
+_TRITON_FUSES = "the triton kernel fuses Shaw's tables, RoPE and biases of j - i alone (ALiBi, T5)"
+TRITON_MISSING = {
+    **{f: _TRITON_FUSES for f in ("huang", "huang-values", "swin", "swin-prefix")},
+    "shaw-key-side": "the triton kernel has no key-side term (SHAW-6)",
+    "softcap": "the triton kernel has no soft cap",
+    "mask-fill": "the triton kernel gives disallowed keys weight 0 only",
+    "dropout-keep": "the triton kernel takes no keep mask",
+}
+#: Position recipes (POS-1) that are runs of consecutive integers: delta = j - i + an offset per batch element.
+CONSECUTIVE_POSITIONS = frozenset({"bottom-right", "shifted", "per-batch", "per-batch-offsets", "far"})
 
 
 class TorchTritonAdapter(TorchImplAdapter):
     name = "torch:triton"
     description = (
-        "torch_impl with implementation='triton': one fused Triton program with Shaw's key and value terms; "
-        "Triton's interpreter on the CPU, compiled on CUDA; forward calls"
+        "torch_impl with implementation='triton': fused Triton programs (forward and backward) with Shaw's key "
+        "and value terms, RoPE, ALiBi and T5; Triton's interpreter on the CPU, compiled on CUDA"
     )
     implementation = "triton"
 
@@ -174,13 +183,19 @@ class TorchTritonAdapter(TorchImplAdapter):
     def capabilities(self):
         from torch_impl.kernels.fused import BFLOAT16_IN_INTERPRETER
 
-        no_backward = "the triton kernel has no backward yet (it refuses calls that record gradients, KERN-1)"
-        devices = _torch.devices()
         return Capabilities(
-            devices=devices,
+            devices=_torch.devices(),
             features=FEATURES - set(TRITON_MISSING),
             weights=False,
             notes=dict(TRITON_MISSING),
-            no_gradients=dict.fromkeys(devices, no_backward),
             unsupported={("cpu", "bfloat16"): BFLOAT16_IN_INTERPRETER},
         )
+
+    def unsupported_case(self, case):
+        kinds = {r.kind for r in case.recipes if type(r).__name__ == "Positions"}
+        if kinds - CONSECUTIVE_POSITIONS:
+            return (
+                f"the triton kernel reads positions that are runs of consecutive integers (an offset per batch "
+                f"element); the case's are {', '.join(sorted(kinds - CONSECUTIVE_POSITIONS))}"
+            )
+        return None

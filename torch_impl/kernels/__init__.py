@@ -11,13 +11,16 @@ error, never a silent fallback.
 - ``"flex"`` (``Flex``): FlexAttention with every logit term in one
   ``score_mod`` (key terms, soft cap, scheme biases, masks); compiled by
   default, ``Flex(compiled=False)`` eager. Never chosen automatically;
-- ``"triton"`` (``Triton``): one fused Triton program with Shaw's key and
-  value terms in its loop (forward calls at default positions; Triton's
-  interpreter where no CUDA device is present). Never chosen automatically.
+- ``"triton"`` (``Triton``): fused Triton programs, forward and backward,
+  with Shaw's key and value terms, RoPE, ALiBi and T5 in their loops
+  (positions that are consecutive runs; Triton's interpreter where no CUDA
+  device is present). Chosen automatically for CUDA tensors only, after
+  sdpa (vanilla calls go to FlashAttention), never in the interpreter.
 
 Each kernel says what it cannot run through one method,
 ``unsupported(spec, call) -> Optional[str]``; the automatic choice
-(``implementation=None``) asks the same method, in the order of ``AUTO``.
+(``implementation=None``) asks ``automatic(spec, call)``, which is the same
+method but for the triton kernel's interpreter, in the order of ``AUTO``.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ __all__ = [
 #: name -> kernel class, the names ``implementation=`` accepts.
 KERNELS: dict = {cls.name: cls for cls in (Eager, SDPA, Tiles, Flex, Triton)}
 #: The automatic choice: the first of these (with default knobs) that supports the call.
-AUTO = ("sdpa", "tiles")
+AUTO = ("sdpa", "triton", "tiles")
 #: Each kernel with its default knobs (frozen, so one instance serves every call).
 _DEFAULTS: dict = {name: cls() for name, cls in KERNELS.items()}
 
@@ -68,7 +71,7 @@ def resolve(implementation, spec: AttentionSpec, call: Call) -> Kernel:
         reasons = {}
         for name in AUTO:
             kernel = _DEFAULTS[name]
-            reasons[name] = kernel.unsupported(spec, call)
+            reasons[name] = kernel.automatic(spec, call)
             if reasons[name] is None:
                 return kernel
         raise ValueError(

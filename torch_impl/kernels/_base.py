@@ -27,6 +27,11 @@ class Kernel:
         """
         return self.missing_hooks(spec)
 
+    def automatic(self, spec: AttentionSpec, call) -> Optional[str]:
+        """None when the automatic choice (``implementation=None``) may take this kernel for ``call``, else the
+        reason: ``unsupported`` unless the kernel says more (KERN-1)."""
+        return self.unsupported(spec, call)
+
     def missing_hooks(self, spec: AttentionSpec) -> Optional[str]:
         """The reason, when spec.relative uses a hook kind this kernel never calls (REL-3)."""
         scheme = spec.relative
