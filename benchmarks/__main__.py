@@ -3,6 +3,14 @@
 One process per framework for the timings (stable ratios on a noisy
 machine), one process per configuration for peak memory. Writes
 ``results.json``, ``results.md`` and ``time_vs_length.png`` to ``--out``.
+
+``python -m benchmarks --gpu`` is the one prepared run for a machine with a
+CUDA device, within ``--budget`` seconds (default 480): the conformance
+matrix of every kernel on the GPU (``--device cuda --device gpu``, bfloat16
+and float32, a part of the budget), then the fused kernels' benchmark
+(``benchmarks/gpu_bench.py``) until the budget ends; it writes
+``conformance/`` and ``gpu.json``, ``gpu.md`` to ``--out`` and prints the
+table.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import time
 
 from .common import CPU_LENGTHS, D_HEAD, GPU_LENGTHS, SHAW_K, B, H
 
@@ -302,6 +311,44 @@ def plot(result: dict, path: pathlib.Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+#: The kernels' adapters the GPU run certifies on the device (KERN-1), in this order while its share of the budget
+#: lasts.
+GPU_ADAPTERS = ("torch:triton", "torch:flex", "torch:sdpa", "torch:tiles", "torch", "jax:pallas", "jax:tiles", "jax")
+
+
+def run_gpu(out: pathlib.Path, budget: float, quick: bool) -> int:
+    """The conformance matrix on the GPU, then the GPU benchmark, within ``budget`` seconds."""
+    if not gpu_present("torch"):
+        print("python -m benchmarks --gpu: no CUDA device here (torch.cuda.is_available() is False)", file=sys.stderr)
+        return 2
+    start = time.time()
+    deadline = start + budget
+    cmd = [sys.executable, "-m", "conformance", "run", "--device", "cuda", "--device", "gpu", "--dtype", "bfloat16",
+           "--dtype", "float32", "--report", str(out / "conformance"), "--no-progress", "--jobs", "1"]  # fmt: skip
+    for name in GPU_ADAPTERS:
+        cmd += ["--adapter", name]
+    try:
+        done = subprocess.run(cmd, cwd=HERE.parent, timeout=0.4 * budget, capture_output=True, text=True)
+        conformance = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-500:]
+    except subprocess.TimeoutExpired:
+        conformance = f"stopped after {0.4 * budget:.0f} s (its share of --budget): see {out / 'conformance'}"
+    path = out / "gpu.json"
+    bench = [sys.executable, "-m", "benchmarks.gpu_bench", "--json", str(path), "--deadline", str(deadline - 30)]
+    if quick:
+        bench += ["--lengths", "1024", "4096", "--repeats", "3"]
+    subprocess.run(bench, cwd=HERE.parent, check=True)
+    from . import gpu_bench
+
+    result = json.loads(path.read_text(encoding="utf-8"))
+    result["conformance"] = conformance
+    result["seconds"] = time.time() - start
+    path.write_text(json.dumps(result, indent=1), encoding="utf-8")
+    table = gpu_bench.markdown(result) + f"\nConformance on the GPU: {conformance}\n"
+    (out / "gpu.md").write_text(table, encoding="utf-8")
+    print(table)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     ap.add_argument("--out", default=str(HERE / "results"), help="output folder (default benchmarks/results)")
@@ -312,9 +359,13 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer repeats")
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--replot", action="store_true", help="only redraw table and plot from --out/results.json")
+    ap.add_argument("--gpu", action="store_true", help="the prepared GPU run: conformance, then gpu_bench")
+    ap.add_argument("--budget", type=float, default=480.0, help="seconds for --gpu (default 480)")
     args = ap.parse_args(argv)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.gpu:
+        return run_gpu(out, args.budget, args.quick)
     if args.replot:
         result = json.loads((out / "results.json").read_text(encoding="utf-8"))
         (out / "results.md").write_text(markdown(result), encoding="utf-8")
