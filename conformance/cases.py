@@ -161,7 +161,8 @@ class Positions:
     keys' range, first and last included: every distance from -(Lk - 1) to
     Lk - 1 occurs); ``permuted`` (queries and keys at one permutation of
     ``arange(L)``, self-attention: the tokens of a window in another order,
-    POS-5).
+    POS-5); ``zigzag`` (self-attention, the tokens in the load-balanced causal
+    order of 2 shards: the 4 chunks of L / 4 tokens as 0, 3, 1, 2, BLOCK-5).
     """
 
     kind: str
@@ -182,6 +183,7 @@ class Positions:
         "far",
         "spread-queries",
         "permuted",
+        "zigzag",
     )
 
     def draw(self, rng, dims: Dims, H: int) -> dict:
@@ -237,6 +239,10 @@ class Positions:
             return {"q_positions": (np.arange(Lq) * (Lk - 1) // max(Lq - 1, 1)).astype(np.int64)}
         if self.kind == "permuted":
             order = rng.permutation(Lq).astype(np.int64)
+            return {"q_positions": order, "k_positions": order.copy()}
+        if self.kind == "zigzag":
+            chunks = np.array_split(np.arange(Lq, dtype=np.int64), 4)
+            order = np.concatenate([chunks[i] for i in (0, 3, 1, 2)])
             return {"q_positions": order, "k_positions": order.copy()}
         if self.kind == "constant":
             return {"q_positions": np.full(Lq, 1, dtype=np.int64), "k_positions": np.full(Lk, 4, dtype=np.int64)}

@@ -1405,6 +1405,21 @@ def _cases() -> list[Case]:
         )
     )
 
+    # ------------------------------------------------------------ blockwise evaluation (BLOCK-1..BLOCK-5)
+    # The tokens of 2 shards in their load-balanced causal order (chunks 0, 3 | 1, 2) with their global positions,
+    # Shaw's value term and a padding mask: a sharded adapter splits the keys (BLOCK-1) and must give every token
+    # the unsharded result; any other adapter computes the same call whole.
+    add(
+        Case(
+            "blockwise/self/zigzag-causal-shaw-values-padding",
+            ("BLOCK-1", "BLOCK-2", "BLOCK-3", "BLOCK-4", "BLOCK-5", "POS-1", "POS-2", "CAUSAL-1", "MASK-5") + SHAW,
+            AttentionSpec(num_heads=2, head_dim=3, relative=Shaw(3, per_head=True), causal=True),
+            Dims(2, 16, 16),
+            self_attention=True,
+            recipes=(Positions("zigzag"), Mask("B11K", density=0.8)),
+        )
+    )
+
     # ------------------------------------------------------------ profiles
     add(
         Case(

@@ -1,7 +1,9 @@
 """The float64 NumPy reference: the executable form of the attnspec text.
 
 ``attention`` and ``attention_vjp`` define the semantics that every other
-implementation is checked against; ``definition`` is a literal loop-level
+implementation is checked against; ``attention_blockwise`` evaluates the
+same function over a split of the keys (BLOCK-1..BLOCK-4, the oracle of
+sharded and fused evaluation); ``definition`` is a literal loop-level
 transcription of the rule formulas, used only to test the vectorised code.
 """
 
@@ -9,6 +11,7 @@ from spec import SPEC_VERSION
 
 from . import definition
 from .backward import attention_vjp
+from .blockwise import attention_blockwise
 from .forward import attention
 from .params import identity_params, init_params
 from .schemes.rope import apply_rope
@@ -17,6 +20,7 @@ from .schemes.t5 import t5_buckets
 __all__ = [
     "attention",
     "attention_vjp",
+    "attention_blockwise",
     "apply_rope",
     "t5_buckets",
     "init_params",

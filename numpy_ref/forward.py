@@ -49,6 +49,8 @@ class Trace:
     merged: np.ndarray  # (B, Lq, H * dv)
     out: np.ndarray  # (B, Lq, D)
     saved: dict = field(default_factory=dict)  # hook kind -> what the hook saved for its VJP
+    logits: Optional[np.ndarray] = None  # (B, H, Lq, Lk), every term, before the masks (blockwise: BLOCK-2)
+    heads: Optional[np.ndarray] = None  # (B, H, Lq, dv), each head's output before the merge (BLOCK-2)
 
 
 def project(x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray]) -> np.ndarray:
@@ -121,7 +123,9 @@ def run(spec: AttentionSpec, call: Call) -> Trace:
         o = o + o_add
     merged = merge_heads(o)  # (B, Lq, H * dv)
     out = project(merged, p["wo"], p.get("bo"))  # OUT-1
-    return Trace(call, hooks, ctx, q, k, v, capped, dead, allowed, weights, dropped, merged, out, saved)
+    return Trace(
+        call, hooks, ctx, q, k, v, capped, dead, allowed, weights, dropped, merged, out, saved, logits=logits, heads=o
+    )
 
 
 def attention(

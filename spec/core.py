@@ -26,7 +26,7 @@ from .shaw import Shaw
 
 __all__ = ["AttentionSpec", "Shaw", "Huang", "Rope", "SPEC_VERSION"]
 
-SPEC_VERSION = "1.6.0"
+SPEC_VERSION = "1.7.0"
 
 
 @dataclass(frozen=True)

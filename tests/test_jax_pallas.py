@@ -45,6 +45,28 @@ def test_the_fused_program_computes_the_reference(name, dtype):
     np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=0, atol=tol * np.abs(want).max())
 
 
+@pytest.mark.parametrize("name", CALLS)
+def test_gradients_through_the_kernel_are_the_reference_vjp(name):
+    """GRAD-1: ``pallas_call`` has no derivative rule; the kernel's ``jax.custom_vjp`` takes the tiles kernel's
+    VJP as its backward, so jax.grad through a pallas call gives every input's and table's gradient (float64,
+    against numpy_ref's VJP)."""
+    spec, params, x, y, kw, _, grad_out, want = draw(name, lambda a: np.asarray(a, np.float64), grad=True)
+    jkw = {n: jnp.asarray(a) for n, a in kw.items() if n != "bias"}
+
+    def loss(p, query, key, value, bias):
+        out = jax_impl.attention(spec, p, query, key, value, **jkw, bias=bias, implementation="pallas")
+        return jnp.vdot(out, jnp.asarray(grad_out))
+
+    bias = jnp.asarray(kw["bias"]) if "bias" in kw else None
+    args = ({n: jnp.asarray(a) for n, a in params.items()}, jnp.asarray(x), jnp.asarray(y), jnp.asarray(y), bias)
+    g = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4)))(*args)
+    got = {**g[0], "query": g[1], "key": g[2], "value": g[3], **({"bias": g[4]} if bias is not None else {})}
+    assert sorted(got) == sorted(want)
+    scale = max(np.abs(w).max() for w in want.values())
+    for n, w in want.items():
+        np.testing.assert_allclose(np.asarray(got[n]), w, rtol=0, atol=1e-12 * scale, err_msg=n)
+
+
 def test_other_block_sizes_compute_the_same():
     """Pallas(block_q, block_k) are knobs of speed only: 32 x 16 blocks of a causal call equal 16 x 16."""
     small, want = _run("shaw-keys-only-causal-long", np.float64)

@@ -12,12 +12,12 @@ from spec import SPEC_VERSION, AttentionSpec, Huang, Shaw, profiles
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RULE_REF = re.compile(
-    r"\b(AXES|SHAPE|INPUT|PARAM|PROJ|HEAD|OUT|SCALE|POS|CAUSAL|MASK|BIAS|SOFTMAX|SOFTCAP|WINDOW|DROP|REL|SHAW|HUANG|ROPE|ALIBI|T5|SWIN|GRAD|PREC|KERN|VER|PROF)-(\d+)\b"
+    r"\b(AXES|SHAPE|INPUT|PARAM|PROJ|HEAD|OUT|SCALE|POS|CAUSAL|MASK|BIAS|SOFTMAX|SOFTCAP|WINDOW|DROP|REL|SHAW|HUANG|ROPE|ALIBI|T5|SWIN|GRAD|PREC|KERN|BLOCK|VER|PROF)-(\d+)\b"
 )
 
 
 def test_version_is_semver():
-    assert SPEC_VERSION == "1.6.0"
+    assert SPEC_VERSION == "1.7.0"
     assert re.fullmatch(r"\d+\.\d+\.\d+", SPEC_VERSION)
 
 

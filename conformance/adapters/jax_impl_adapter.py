@@ -76,11 +76,7 @@ class JaxImplAdapter(_jax.JaxAdapter):
             # its gradients are partials for three separate inputs. Those inputs are leaves of their own
             # that hold the very array they stand for (key = query, value = key): jax.vjp gives each leaf
             # its own partial, and XLA sees one forward computation where it would see two on copies.
-            explicit = dict(called)
-            if "key" in omitted:
-                explicit["key"] = called["query"]
-            if "value" in omitted:
-                explicit["value"] = explicit["key"]
+            explicit = _explicit(called, omitted)
             out_w, weights = f(params, called, other, True)
             out, pullback = jax.vjp(lambda p, d: f(p, d, other, False), params, explicit)
             if omitted:
@@ -88,6 +84,21 @@ class JaxImplAdapter(_jax.JaxAdapter):
             return out_w, weights, out, pullback(g)
 
         return jax.jit(fwd_vjp, static_argnames="omitted")
+
+    @staticmethod
+    @functools.lru_cache(maxsize=None)
+    def _compiled_vjp(spec, precision, implementation):
+        """grads = f(params, called_inputs, other_inputs, grad_out) alone, jitted per spec: for a kernel that
+        returns no weights (``vjp_only``)."""
+        import jax
+
+        f = JaxImplAdapter._call(spec, precision, implementation)
+
+        def vjp(params, called, other, g, omitted):
+            _, pullback = jax.vjp(lambda p, d: f(p, d, other, False), params, _explicit(called, omitted))
+            return pullback(g)
+
+        return jax.jit(vjp, static_argnames="omitted")
 
     @staticmethod
     @functools.lru_cache(maxsize=None)
@@ -158,6 +169,14 @@ class JaxImplAdapter(_jax.JaxAdapter):
         p, called, other, _ = self._arguments(params, inputs, device)
         return {"out": np.asarray(fn(p, called, other))}
 
+    def vjp_only(self, spec, params, inputs, grad_out, *, device):
+        """The gradients of a call, compiled without the call that asks for weights."""
+        x = inputs["query"]
+        fn = self._compiled_vjp(spec, _jax.matmul_precision(x.dtype.name), self.kernel_name(spec, inputs))
+        p, called, other, omitted = self._arguments(params, inputs, device)
+        g_params, g_inputs = fn(p, called, other, _jax.to_jax(grad_out, device), omitted=omitted)
+        return {n: np.asarray(g) for n, g in {**g_params, **g_inputs}.items()}
+
     def forward(self, spec, params, inputs, *, device, need_weights):
         out_w, weights, out, _ = self._run(spec, params, inputs, None, device)
         if need_weights:
@@ -175,6 +194,17 @@ class JaxImplAdapter(_jax.JaxAdapter):
 
         m = jax_impl.MultiHeadAttention(spec, rngs=nnx.Rngs(0), dtype=params["wq"].dtype)
         return m.load_canonical({n: np.asarray(a) for n, a in params.items()}).canonical_params()
+
+
+def _explicit(called: dict, omitted: tuple) -> dict:
+    """The called inputs with the omitted key and value as leaves of their own that hold the very array they
+    stand for (key = query, value = key), so that jax.vjp gives each its own partial (SHAPE-2)."""
+    explicit = dict(called)
+    if "key" in omitted:
+        explicit["key"] = called["query"]
+    if "value" in omitted:
+        explicit["value"] = explicit["key"]
+    return explicit
 
 
 class JaxXlaAdapter(JaxImplAdapter):
@@ -197,22 +227,20 @@ class JaxPallasAdapter(JaxImplAdapter):
     name = "jax:pallas"
     description = (
         "jax_impl with implementation='pallas': one fused Pallas program with Shaw's key and value terms; "
-        "interpret mode on the CPU, lowered to Triton on GPU; forward calls"
+        "interpret mode on the CPU, lowered to Triton on GPU; gradients by the tiles kernel's VJP"
     )
     implementation = "pallas"
     shares_programs_with = ()
 
     def capabilities(self):
         self.environment()
-        devices = _jax.devices()
         return Capabilities(
-            devices=devices,
-            features=FEATURES - set(PALLAS_MISSING),
-            weights=False,
-            notes=dict(PALLAS_MISSING),
-            no_gradients=dict.fromkeys(devices, "pallas_call has no derivative rule: the pallas kernel runs forwards"),
+            devices=_jax.devices(), features=FEATURES - set(PALLAS_MISSING), weights=False, notes=dict(PALLAS_MISSING)
         )
 
     def forward(self, spec, params, inputs, *, device, need_weights):
-        """The forward alone (its program compiles no gradient, which pallas_call has not)."""
+        """The forward alone (the kernel returns no weights)."""
         return self.forward_only(spec, params, inputs, device=device)
+
+    def vjp(self, spec, params, inputs, grad_out, *, device):
+        return self.vjp_only(spec, params, inputs, grad_out, device=device)

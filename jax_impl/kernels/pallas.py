@@ -16,8 +16,11 @@ allowed key gives exactly 0 (MASK-5).
 Supported: no relative scheme, or Shaw (keys, values, per-head tables; not
 its key side), grouped key/value heads, a value head size of its own, at
 default positions; every dtype. Not: explicit positions, the soft cap,
-mask_fill, a keep mask, weights. ``pallas_call`` has no derivative rule:
-the kernel computes forward calls (``jax.grad`` through it is JAX's error).
+mask_fill, a keep mask, weights. ``pallas_call`` has no derivative rule, so
+the kernel is a ``jax.custom_vjp``: the fused program forward, and as its
+backward the VJP of the ``"tiles"`` kernel on the same inputs (which
+recomputes the forward in tiles: gradients of every input and table, no
+fused backward program yet).
 
 Where the default backend is the CPU the program runs in Pallas's interpret
 mode (``interpret=True``: the same program as jnp operations), so the
@@ -40,6 +43,7 @@ from spec import AttentionSpec
 from .. import schemes
 from ..masking import stat_dtype
 from ._base import Call, Inputs, Kernel
+from .tiles import Tiles
 
 
 @dataclass(frozen=True)
@@ -89,17 +93,25 @@ class Pallas(Kernel):
         """(o (B, H, Lq, dv) in the query's dtype, None). Implements SCALE-2, SCALE-3, SHAW-1..4, MASK-4, MASK-5,
         BIAS-1, BIAS-2, CAUSAL-1, WINDOW-1, HEAD-3, HEAD-4, SOFTMAX-1, PREC-4."""
         scheme = spec.relative
-        rel_k, rel_v, kmax = (
-            (None, None, 0) if scheme is None else schemes.module_for(scheme).fused_tables(scheme, params)
-        )
         masked = call.mask or call.bias or spec.window is not None  # else the causal rule alone, in the program
         interpret = jax.default_backend() == "cpu" if self.interpret is None else self.interpret
-        o = fused_attention(
-            x.q, x.k, x.v, rel_k, rel_v, x.allowed if masked else None, x.bias,
-            kmax=kmax, scale=spec.effective_scale, rel_scale=spec.relative_scale, causal=spec.causal,
-            block_q=self.block_q, block_k=self.block_k, interpret=interpret,
-        )  # fmt: skip
-        return o, None
+
+        def fused(params, x):
+            rel_k, rel_v, kmax = (
+                (None, None, 0) if scheme is None else schemes.module_for(scheme).fused_tables(scheme, params)
+            )
+            return fused_attention(
+                x.q, x.k, x.v, rel_k, rel_v, x.allowed if masked else None, x.bias,
+                kmax=kmax, scale=spec.effective_scale, rel_scale=spec.relative_scale, causal=spec.causal,
+                block_q=self.block_q, block_k=self.block_k, interpret=interpret,
+            )  # fmt: skip
+
+        def tiled(params, x):  # GRAD-1: the same function, differentiable by JAX
+            return Tiles()(spec, params, x, call)[0]
+
+        attention = jax.custom_vjp(fused)
+        attention.defvjp(lambda p, x: (fused(p, x), (p, x)), lambda saved, g: jax.vjp(tiled, *saved)[1](g))
+        return attention(params, x), None
 
 
 def _pow2(n: int) -> int:
