@@ -3,7 +3,8 @@
 ``python -m conformance campaign`` parses every file of ``numpy_ref/`` (but
 ``definition.py`` and ``schemes/_literal.py``, the loop-level definition that
 only the tests use), makes one AST mutant per operator application, and runs
-the conformance harness against each: the ``numpy`` adapter on cpu, every
+the conformance harness against each: the ``numpy`` adapter on cpu (and
+``numpy:blockwise``, the reference over blocks of keys, BLOCK-1..4), every
 case of ``conformance.catalog.CASES`` in its widest stored dtype (float64;
 float32 for the cases stored in float32 only, whose inputs the reference
 still computes on in float64, PREC-1; the report names cases with neither).
@@ -72,7 +73,8 @@ case's stored tensors once; each mutant runs in a forked child that drops
 ``numpy_ref``, its submodules and the conformance modules holding references
 to it from ``sys.modules``, imports ``numpy_ref`` afresh with the one mutated
 module served from its compiled AST by a meta-path finder, builds a fresh
-``NumpyRefAdapter`` and runs the cases, stopping at the first failing check.
+``NumpyRefAdapter`` and ``NumpyBlockwiseAdapter`` and runs the cases (each through both), stopping at the
+first failing check.
 A failing check, an exception escaping a case, an import error or a crash of
 the child kill the mutant (the report says which); a child that runs past
 ``--timeout`` seconds is killed by timeout. The cases run in adaptive order:
@@ -903,11 +905,10 @@ class _Child:
             sys.settrace(tracer)
         try:
             importlib.import_module(PACKAGE)
-            from conformance.adapters.numpy_ref_adapter import NumpyRefAdapter
+            from conformance.adapters.numpy_ref_adapter import NumpyBlockwiseAdapter, NumpyRefAdapter
 
-            from .runner import Plan, apply_deviations, matrix
-
-            adapter = NumpyRefAdapter()
+            importlib.import_module(f"{__package__}.runner")  # an import error here kills the mutant ("import")
+            adapters = (NumpyRefAdapter(), NumpyBlockwiseAdapter())
         except Exception as e:
             sys.settrace(None)
             return {"killed": {"kind": "import", "case": None, "check": None, "message": _describe_exception(e)}}
@@ -915,45 +916,52 @@ class _Child:
         for index in order:
             case = state.cases[index]
             self.write({"case": index})
-            cells = list(matrix(Plan([adapter], [case], [cell_dtype(case)], [DEVICE])))
-            if not cells or cells[0][5]:
-                continue
-            _, caps, device, dtype, _, _ = cells[0]
-            runner_class = _StoppingCaseRun if stop_early and not state.deviations else CaseRun
-            case_run = runner_class(case, state.entries[index], state.tensors[index], adapter, caps, dtype, device)
-            try:
-                results = case_run.run()
-            except _FirstFailure as first:
-                failure = first.result
-                return {
-                    "killed": {
-                        "kind": "check",
-                        "case": case.id,
-                        "check": failure.check,
-                        "message": _short(failure.message),
-                    }
-                }
-            except Exception as e:
-                killed = {"kind": "exception", "case": case.id, "check": None, "message": _describe_exception(e)}
-                if stop_early:
+            for adapter in adapters:
+                killed = self.run_case(adapter, index, case, stop_early, failures)
+                if killed is not None:
                     return {"killed": killed}
-                failures.append(killed)
-                continue
-            finally:
-                adapter.release()
-            apply_deviations(results, state.deviations)
-            checks += len(results)
-            for r in results:
-                if r.failed:
-                    killed = {"kind": "check", "case": case.id, "check": r.check, "message": _short(r.message)}
-                    if stop_early:
-                        return {"killed": killed}
-                    failures.append(killed)
+                checks += self.checks
         sys.settrace(None)
         out: dict = {"killed": None, "checks": checks, "failures": failures}
         if tracer is not None:
             out["lines"] = sorted(tracer.hits)
         return out
+
+    def run_case(self, adapter, index: int, case, stop_early: bool, failures: list) -> Optional[dict]:
+        """One case through one adapter: what killed the mutant when ``stop_early`` (None otherwise, its
+        failures appended); ``self.checks`` the number of checks it ran."""
+        from .runner import Plan, apply_deviations, matrix
+
+        state = self.state
+        self.checks = 0
+        cells = list(matrix(Plan([adapter], [case], [cell_dtype(case)], [DEVICE])))
+        if not cells or cells[0][5]:
+            return None
+        _, caps, device, dtype, _, _ = cells[0]
+        runner_class = _StoppingCaseRun if stop_early and not state.deviations else CaseRun
+        case_run = runner_class(case, state.entries[index], state.tensors[index], adapter, caps, dtype, device)
+        try:
+            results = case_run.run()
+        except _FirstFailure as first:
+            failure = first.result
+            return {"kind": "check", "case": case.id, "check": failure.check, "message": _short(failure.message)}
+        except Exception as e:
+            killed = {"kind": "exception", "case": case.id, "check": None, "message": _describe_exception(e)}
+            if stop_early:
+                return killed
+            failures.append(killed)
+            return None
+        finally:
+            adapter.release()
+        apply_deviations(results, [d for d in state.deviations if d.adapter == adapter.name])
+        self.checks = len(results)
+        for r in results:
+            if r.failed:
+                killed = {"kind": "check", "case": case.id, "check": r.check, "message": _short(r.message)}
+                if stop_early:
+                    return killed
+                failures.append(killed)
+        return None
 
 
 def _child_entry(state, module, order, stop_early, trace, fd) -> None:

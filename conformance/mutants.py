@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 import numpy_ref
-from numpy_ref import schemes
+from numpy_ref import blockwise, schemes
 from numpy_ref._inputs import Call, prepare
 from numpy_ref.forward import context, project
 from numpy_ref.heads import merge_heads, split_heads
@@ -1178,6 +1178,69 @@ class KeySideDistanceMirrored(Mutant):
         return params
 
 
+# ---------------------------------------------------------------- blockwise evaluation (BLOCK-1..BLOCK-5)
+class _Blockwise(Mutant):
+    """The reference over the keys in 2 consecutive blocks (BLOCK-1..BLOCK-3), with one mistake in a hook."""
+
+    def block_positions(self, block_call_, J):
+        return block_call_
+
+    def combine(self, stats):
+        return blockwise.combine(stats)
+
+    def forward(self, spec, params, inputs, *, device, need_weights):
+        kw = {n: inputs.get(n) for n in KWARGS}
+        call = prepare(spec, params, inputs["query"], inputs.get("key"), inputs.get("value"), **kw)
+        blocks = [J for J in np.array_split(np.arange(call.dims.Lk), 2) if len(J)]
+        stats = [
+            blockwise.block_statistics(spec, self.block_positions(blockwise.block_call(call, J), J)) for J in blocks
+        ]
+        _, _, o = self.combine(stats)
+        out = project(merge_heads(o), call.params["wo"], call.params.get("bo"))
+        x = (inputs["query"], inputs.get("key"), inputs.get("value"))
+        return {"out": out, "weights": numpy_ref.attention(spec, params, *x, **kw, return_weights=True)[1]}
+
+
+class BlockwiseLocalPositions(_Blockwise):
+    rule = "BLOCK-1"
+    description = "each block of keys at its local positions 0 .. |J| - 1 instead of the keys' global ones"
+
+    def block_positions(self, block_call_, J):
+        return replace(block_call_, k_positions=np.broadcast_to(np.arange(len(J)), block_call_.k_positions.shape))
+
+
+class BlockwiseEmptyBlockNaN(_Blockwise):
+    rule = "BLOCK-3"
+    description = "a block with no allowed key for a row gives that row NaN (0 / 0), which the combination keeps"
+
+    def combine(self, stats):
+        nan = [(m, s, np.where(np.isfinite(m)[..., None], o, np.nan)) for m, s, o in stats]
+        m, total, _ = blockwise.combine(stats)
+        c = [s * np.exp(mj - np.where(np.isfinite(m), m, 0.0)) for mj, s, _ in nan]
+        o = sum((cj / np.where(total == 0, 1.0, total))[..., None] * oj for cj, (_, _, oj) in zip(c, nan))
+        return m, total, o
+
+
+class ZigzagPositionsNotMapped(Mutant):
+    rule = "BLOCK-5"
+    description = "tokens in a load-balanced (zigzag) order read at their local indices: the positions dropped"
+
+    def mutate_inputs(self, spec, inputs):
+        for n in ("q_positions", "k_positions"):
+            inputs.pop(n, None)
+        return inputs
+
+
+class BiasMergedWithMaskByMin(Mutant):
+    rule = "BIAS-1"
+    description = "the bias merged with the causal rule or mask by min(bias, 0) (a positive bias lost)"
+
+    def mutate_inputs(self, spec, inputs):
+        if inputs.get("bias") is not None and (spec.causal or inputs.get("mask") is not None):
+            inputs["bias"] = np.minimum(inputs["bias"], 0.0)
+        return inputs
+
+
 MUTANTS = {
     _name(c): c
     for c in (
@@ -1238,6 +1301,10 @@ MUTANTS = {
         ScaleFromValueHeadDim,
         SoftcapIgnored,
         SoftcapAfterBias,
+        BlockwiseLocalPositions,
+        BlockwiseEmptyBlockNaN,
+        ZigzagPositionsNotMapped,
+        BiasMergedWithMaskByMin,
         SoftcapContentOnly,
         WindowSignFlipped,
         WindowBoundsExclusive,

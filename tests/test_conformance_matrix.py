@@ -54,6 +54,8 @@ CLI_ONLY = {
     "jax-nn": ("bfloat16", "float16"),
     "flax-mha": ("bfloat16", "float16"),
     "torch:flex": ALL,
+    # the reference over blocks of keys: tests/test_blockwise.py checks it against the reference here
+    "numpy:blockwise": ALL,
     # Triton's interpreter: installed and run by .ci/run (tests/test_torch_triton.py checks the kernel there)
     "torch:triton": ALL,
     # Pallas's interpret mode: tests/test_jax_pallas.py checks the kernel here

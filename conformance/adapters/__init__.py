@@ -15,6 +15,7 @@ ENTRY_POINT_GROUP = "attnspec.adapters"
 
 BUILTIN = {
     "numpy": "conformance.adapters.numpy_ref_adapter:NumpyRefAdapter",
+    "numpy:blockwise": "conformance.adapters.numpy_ref_adapter:NumpyBlockwiseAdapter",
     "torch": "conformance.adapters.torch_impl_adapter:TorchImplAdapter",
     "torch:eager": "conformance.adapters.torch_impl_adapter:TorchEagerAdapter",
     "torch:sdpa": "conformance.adapters.torch_impl_adapter:TorchSDPAKernelAdapter",

@@ -35,3 +35,27 @@ class NumpyRefAdapter(Adapter):
 
     def environment(self):
         return {"numpy": np.__version__, "compute_dtype": "float64"}
+
+
+class NumpyBlockwiseAdapter(NumpyRefAdapter):
+    """The reference evaluated over a split of the keys (BLOCK-1..BLOCK-4): every case's keys in ``SHARDS``
+    consecutive blocks, each block a call of its own with its keys' global positions and its columns of the
+    mask, bias and keep mask, the blocks combined by their maxima and denominators. It certifies
+    ``numpy_ref.attention_blockwise`` against every golden (forward; it has no VJP and returns no weights)."""
+
+    name = "numpy:blockwise"
+    description = "numpy_ref.attention_blockwise: the reference over 3 blocks of keys, combined (BLOCK-1..BLOCK-4)"
+    SHARDS = 3
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(features=FEATURES, weights=False, gradients=False)
+
+    def forward(self, spec, params, inputs, *, device, need_weights):
+        kw = {n: inputs[n] for n in KWARGS if n in inputs}
+        key = inputs.get("key", inputs["query"])
+        Lk = key.shape[1]
+        blocks = [len(b) for b in np.array_split(np.arange(Lk), self.SHARDS)]
+        out = numpy_ref.attention_blockwise(
+            spec, params, inputs["query"], inputs.get("key"), inputs.get("value"), key_blocks=blocks, **kw
+        )
+        return {"out": out}
