@@ -3,7 +3,8 @@
 ``attention`` is the pure functional core (jit with ``spec`` and
 ``implementation`` static); ``MultiHeadAttention`` an NNX module owning the
 parameters; ``from_flax_mha`` / ``to_flax_mha`` convert to and from
-``flax.nnx.MultiHeadAttention``. float64 needs
+``flax.nnx.MultiHeadAttention``; ``ring_attention`` the same call with the
+sequence sharded over a mesh axis (ring attention, BLOCK-1..BLOCK-5). float64 needs
 ``jax.config.update("jax_enable_x64", True)``.
 
 Layout: ``functional`` (the entry point: checks, projections, heads, kernel
@@ -17,5 +18,14 @@ from . import kernels, schemes
 from .functional import attention
 from .interop import from_flax_mha, to_flax_mha
 from .module import MultiHeadAttention
+from .ring import ring_attention
 
-__all__ = ["attention", "MultiHeadAttention", "from_flax_mha", "to_flax_mha", "kernels", "schemes"]
+__all__ = [
+    "attention",
+    "ring_attention",
+    "MultiHeadAttention",
+    "from_flax_mha",
+    "to_flax_mha",
+    "kernels",
+    "schemes",
+]

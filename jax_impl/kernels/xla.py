@@ -48,6 +48,27 @@ class Xla(Kernel):
         return attend(spec, params, x, hooks)
 
 
+def block_logits(spec: AttentionSpec, params: dict, x: Inputs, hooks: schemes.Hooks):
+    """The logits (B, H, Lq, Lk) of the queries of ``x`` against its keys, every term in REL-3 order, in the
+    softmax dtype (float32 for the 16-bit dtypes, PREC-4), before the masks: SCALE-2..4, SOFTCAP-1, HEAD-3.
+    ``attend`` takes its softmax; a ring (``jax_impl.ring``) takes the statistics of one block (BLOCK-2)."""
+    stat = stat_dtype(x.q.dtype)  # PREC-4
+    logits = scores(x.q, x.k).astype(stat) * spec.effective_scale  # SCALE-2, HEAD-3: (B, H, Lq, Lk)
+    if hooks.key_term is not None:  # REL-3 (2), REL-1
+        logits = logits + hooks.key_term(params, x.q, x.delta).astype(stat) * spec.relative_scale  # SCALE-3
+    if hooks.key_side_term is not None:  # SHAW-6, SHAW-7: from the key heads (HEAD-3)
+        term = hooks.key_side_term(params, x.k, x.delta, num_heads=x.q.shape[1])
+        logits = logits + term.astype(stat) * spec.key_side_scale
+    if spec.softcap is not None:  # SOFTCAP-1: the score only, before every bias and mask
+        logits = softcap(logits, spec.softcap)
+    if hooks.bias is not None:  # REL-3 (3): unscaled, computed in the softmax dtype (PREC-4)
+        term = hooks.bias(params, x.q_positions, x.k_positions, x.delta, num_heads=x.q.shape[1], dtype=stat)
+        logits = logits + term.astype(stat)
+    if x.bias is not None:
+        logits = logits + x.bias.astype(stat)  # BIAS-1, never scaled (SCALE-4)
+    return logits
+
+
 def attend(spec: AttentionSpec, params: dict, x: Inputs, hooks: schemes.Hooks, rows_nonempty: bool = False):
     """Logits, softmax and values of the queries of ``x`` against all its keys: (o, weights).
 
@@ -62,20 +83,7 @@ def attend(spec: AttentionSpec, params: dict, x: Inputs, hooks: schemes.Hooks, r
     SOFTCAP-1, HEAD-3, HEAD-4, SOFTMAX-1, MASK-5, MASK-6, DROP-1, DROP-4.
     """
     dtype = x.q.dtype
-    stat = stat_dtype(dtype)  # PREC-4
-    logits = scores(x.q, x.k).astype(stat) * spec.effective_scale  # SCALE-2, HEAD-3: (B, H, Lq, Lk)
-    if hooks.key_term is not None:  # REL-3 (2), REL-1
-        logits = logits + hooks.key_term(params, x.q, x.delta).astype(stat) * spec.relative_scale  # SCALE-3
-    if hooks.key_side_term is not None:  # SHAW-6, SHAW-7: from the key heads (HEAD-3)
-        term = hooks.key_side_term(params, x.k, x.delta, num_heads=x.q.shape[1])
-        logits = logits + term.astype(stat) * spec.key_side_scale
-    if spec.softcap is not None:  # SOFTCAP-1: the score only, before every bias and mask
-        logits = softcap(logits, spec.softcap)
-    if hooks.bias is not None:  # REL-3 (3): unscaled, computed in the softmax dtype (PREC-4)
-        term = hooks.bias(params, x.q_positions, x.k_positions, x.delta, num_heads=x.q.shape[1], dtype=stat)
-        logits = logits + term.astype(stat)
-    if x.bias is not None:
-        logits = logits + x.bias.astype(stat)  # BIAS-1, never scaled (SCALE-4)
+    logits = block_logits(spec, params, x, hooks)
     weights = masked_softmax(logits, x.allowed, spec.mask_fill, rows_nonempty)  # SOFTMAX-1, MASK-5 / MASK-6
     dropped = dropout(weights, x.dropout_keep, spec.dropout)  # DROP-1
     o = weighted_values(dropped.astype(dtype), x.v)  # HEAD-3, HEAD-4: (B, H, Lq, dv)

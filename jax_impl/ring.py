@@ -1,0 +1,178 @@
+"""Ring (sequence-parallel) attention over a named mesh axis: BLOCK-1..BLOCK-5 on n devices.
+
+The tokens are cut into n shards along the sequence; shard r holds its
+queries, keys and values (projected where they are) and their *global*
+positions. The key/value blocks travel round the ring (``lax.ppermute``,
+shard r to r + 1) with their positions and their global key indices; at
+each of the n steps every shard computes the statistics of its queries
+against the block it holds (BLOCK-2: the largest allowed logit, the sum of
+exponentials, the block's own output with its value term) from the
+blocks' global positions (BLOCK-1), and folds them into its running
+(m, l, o) (BLOCK-3). After n steps every query has met every key: the
+output is the unsharded attention (BLOCK-4), then the output projection.
+
+Per-pair inputs (mask, bias, keep mask) are cut by query rows: shard r
+holds the rows of its queries for every key, and each step reads the
+columns of the block it holds by the block's key indices. A key no query of
+the shard may attend in a step has its value row zeroed for that step
+(MASK-7 per block: a NaN or inf in a dead key's row reaches nothing).
+
+``layout="zigzag"`` (BLOCK-5) puts the tokens in the load-balanced causal
+order before sharding (shard r: chunks r and 2n - 1 - r of 2n) with their
+positions, and puts the output back in token order. Differentiable: JAX
+differentiates through ``shard_map`` and ``ppermute``. Axis legend (AXES-1):
+B, H, Lq, Lk, D, d; n shards, Ls = L / n per shard.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from spec import AttentionSpec
+
+from . import _checks, schemes
+from .heads import merge, project, split, weighted_values
+from .kernels._base import Inputs
+from .kernels.xla import block_logits
+from .masking import allowed_keys, as4d, distance, dropout, positions, stat_dtype
+
+LAYOUTS = ("contiguous", "zigzag")
+
+
+def zigzag_order(L: int, n: int) -> np.ndarray:
+    """BLOCK-5: the token order of the load-balanced causal layout: shard r holds chunks r and 2n - 1 - r of the
+    2n chunks of L / (2n) tokens, shards in order. ``order[t]`` is the token at slot t."""
+    chunks = np.arange(L).reshape(2 * n, L // (2 * n))
+    return np.concatenate([np.concatenate([chunks[r], chunks[2 * n - 1 - r]]) for r in range(n)])
+
+
+def ring_attention(
+    spec: AttentionSpec,
+    params: dict,
+    query,
+    key=None,
+    value=None,
+    *,
+    mesh,
+    axis_name: str,
+    mask=None,
+    bias=None,
+    q_positions=None,
+    k_positions=None,
+    dropout_keep=None,
+    layout: str = "contiguous",
+):
+    """Multi-head attention with the sequence sharded over ``mesh``'s axis ``axis_name`` (BLOCK-1..BLOCK-5).
+
+    Same arguments and result as ``jax_impl.attention`` (no weights, no kernel choice), plus ``mesh`` (a
+    ``jax.sharding.Mesh``), ``axis_name`` (one of its axes, n devices) and ``layout`` ("contiguous": shard r
+    holds tokens r * L / n ..; "zigzag": the load-balanced causal order of BLOCK-5). Lq and Lk must be
+    multiples of n (of 2n for "zigzag"). Jit it with ``spec``, ``mesh``, ``axis_name`` and ``layout`` static.
+    """
+    B, Lq, Lk = _checks.check(spec, params, query, key, value, mask, bias, q_positions, k_positions, dropout_keep)
+    if spec.relative is not None:
+        schemes.module_for(spec.relative)  # REL-4
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: expected one of {', '.join(map(repr, LAYOUTS))}, got {layout!r}")
+    if axis_name not in mesh.axis_names:
+        raise ValueError(f"axis_name: expected one of the mesh's axes {tuple(mesh.axis_names)}, got {axis_name!r}")
+    n = mesh.shape[axis_name]
+    unit = 2 * n if layout == "zigzag" else n
+    for name, L in (("Lq", Lq), ("Lk", Lk)):
+        if L % unit:
+            raise ValueError(
+                f"{name}: expected a multiple of {unit} ({'2 x ' if layout == 'zigzag' else ''}{n} shards on "
+                f"axis {axis_name!r}), got {L}"
+            )
+    key = query if key is None else key
+    value = key if value is None else value
+    q_pos = jnp.broadcast_to(positions(q_positions, Lq), (B, Lq))  # POS-1, global
+    k_pos = jnp.broadcast_to(positions(k_positions, Lk), (B, Lk))
+    pairs = {}  # per-pair inputs: (B|1, H|1, Lq, Lk), their query rows sharded
+    for name, a in (("mask", mask), ("bias", bias), ("keep", dropout_keep)):
+        if a is not None:
+            a4 = as4d(jnp.asarray(a))
+            pairs[name] = jnp.broadcast_to(a4, a4.shape[:2] + (Lq, Lk))
+    if layout == "zigzag":  # BLOCK-5: the tokens in the load-balanced order, their positions with them
+        qo, ko = zigzag_order(Lq, n), zigzag_order(Lk, n)
+        query, key, value = query[:, qo], key[:, ko], value[:, ko]
+        q_pos, k_pos = q_pos[:, qo], k_pos[:, ko]
+        pairs = {name: a[:, :, qo][..., ko] for name, a in pairs.items()}
+    k_index = jnp.broadcast_to(jnp.arange(Lk), (B, Lk))  # the columns of the per-pair inputs, in the held order
+    row, tok = P(None, axis_name), P(None, axis_name, None)
+    body = functools.partial(_shard, spec, axis_name, n, sorted(pairs))
+    out = jax.shard_map(
+        body,
+        mesh=mesh,
+        in_specs=(P(), tok, tok, tok, row, row, row, *[P(None, None, axis_name, None)] * len(pairs)),
+        out_specs=tok,
+        check_vma=False,
+    )(params, query, key, value, q_pos, k_pos, k_index, *[pairs[name] for name in sorted(pairs)])
+    if layout == "zigzag":
+        out = out[:, np.argsort(qo)]
+    return out
+
+
+def _shard(spec: AttentionSpec, axis_name: str, n: int, pair_names: list, params, query, key, value, q_pos, k_pos,
+           k_index, *pair_rows):  # fmt: skip
+    """One shard: its queries against every key block in turn, the blocks passed on round the ring."""
+    p, H, Hkv = params, spec.num_heads, spec.kv_heads
+    pairs = dict(zip(pair_names, pair_rows))  # (B|1, H|1, Ls, Lk) rows of this shard's queries
+    hooks = schemes.plain_hooks(spec.relative)
+    q = split(project(query, p["wq"], p.get("bq")), H)  # (B, H, Ls, d)
+    k = split(project(key, p["wk"], p.get("bk")), Hkv)  # (B, Hkv, Ls, d)
+    v = split(project(value, p["wv"], p.get("bv")), Hkv)  # (B, Hkv, Ls, dv)
+    if hooks.qk_transform is not None:  # REL-3 (1): per token, at its global position
+        q, k = hooks.qk_transform(p, q, k, q_pos, k_pos)
+    stat = stat_dtype(q.dtype)
+    B, _, Ls, _ = q.shape
+    m = jnp.full((B, H, Ls), -jnp.inf, stat)
+    l_sum = jnp.zeros((B, H, Ls), stat)
+    o = jnp.zeros((B, H, Ls, v.shape[-1]), stat)
+    block = (k, v, k_pos, k_index)
+    ring = [(i, (i + 1) % n) for i in range(n)]
+    for step in range(n):
+        bk, bv, bpos, bidx = block
+        m, l_sum, o = _fold(spec, p, hooks, pairs, q, q_pos, bk, bv, bpos, bidx, m, l_sum, o)
+        if step < n - 1:
+            block = jax.lax.ppermute(block, axis_name, ring)
+    o = o.astype(q.dtype)
+    return project(merge(o), p["wo"], p.get("bo"))  # OUT-1
+
+
+def _fold(spec, params, hooks, pairs, q, q_pos, k, v, k_pos, k_index, m, l_sum, o):
+    """BLOCK-2 for this shard's queries against one key block, folded into the running (m, l, o) by BLOCK-3."""
+    delta = distance(q_pos, k_pos)  # POS-2 from the global positions (BLOCK-1)
+    cols = {name: jnp.take_along_axis(a, _columns(k_index, a), axis=-1) for name, a in pairs.items()}
+    allowed = allowed_keys(spec, delta, cols.get("mask"), cols.get("bias"))  # MASK-4
+    x = Inputs(q, k, v, q_pos, k_pos, delta, allowed, cols.get("bias"), cols.get("keep"))
+    z = block_logits(spec, params, x, hooks)  # (B, H, Ls, Lb) in the stat dtype
+    counted = jnp.ones(z.shape, bool) if allowed is None else jnp.broadcast_to(allowed, z.shape)
+    if spec.mask_fill is not None:  # MASK-6: every key counts, the disallowed ones at the fill
+        z, counted = jnp.where(counted, z, spec.mask_fill), jnp.ones(z.shape, bool)
+    m_block = jnp.max(jnp.where(counted, z, -jnp.inf), axis=-1)
+    m_new = jnp.maximum(m, m_block)
+    shift = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+    e = jnp.where(counted, jnp.exp(z - shift[..., None]), 0.0)  # weights relative to the new maximum
+    dropped = dropout(e, x.dropout_keep, spec.dropout)  # DROP-1 on the unnormalised weights (linear)
+    live = jnp.any(counted, axis=(1, 2))[:, None, :, None]  # MASK-7 per block: (B, 1, Lb, 1)
+    v_live = jnp.where(live, v, 0).astype(v.dtype)
+    add = weighted_values(dropped.astype(v.dtype), v_live).astype(o.dtype)  # HEAD-3, HEAD-4
+    if hooks.value_term is not None:  # REL-3 (4): from the weights after dropout (DROP-4)
+        add = add + hooks.value_term(params, dropped, delta).astype(o.dtype)
+    alpha = jnp.exp(jnp.where(jnp.isfinite(m), m, -jnp.inf) - shift)  # 0 while a row has had no allowed key
+    l_new = l_sum * alpha + jnp.sum(e, axis=-1)
+    o_unnorm = o * (l_sum * alpha)[..., None] + add
+    o_new = jnp.where(l_new[..., None] > 0, o_unnorm / jnp.where(l_new > 0, l_new, 1.0)[..., None], 0.0)
+    return m_new, l_new, o_new  # MASK-5: a row with no allowed key so far stays exactly 0
+
+
+def _columns(k_index, a):
+    """The gather index of a per-pair input's columns: the block's key indices, broadcast to a's rows."""
+    idx = k_index[:, None, None, :] if a.shape[0] > 1 else k_index[:1, None, None, :]
+    return jnp.broadcast_to(idx, a.shape[:3] + (k_index.shape[-1],))
