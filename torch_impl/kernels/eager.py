@@ -33,18 +33,14 @@ class Eager(Kernel):
     scheme_hooks: ClassVar[frozenset] = frozenset({"qk_transform", "key_term", "key_side_term", "bias", "value_term"})
 
 
-def attention(spec, params: dict, q, k, v, call: _core.Call):
-    """q (B, H, Lq, d), k (B, Hkv, Lk, d), v (B, Hkv, Lk, dv) -> (o (B, H, Lq, dv), weights (B, H, Lq, Lk) or None).
-
-    Implements REL-3, SCALE-2..4, REL-1, SOFTCAP-1, MASK-4..6 (through ``call.allowed``:
-    CAUSAL-1, WINDOW-1), SOFTMAX-1, DROP-1, DROP-4, HEAD-3, HEAD-4, PREC-4.
-    """
-    q, k = transform_qk(spec, params, q, k, call)  # REL-3 (1): after the head split, before any logit
+def block_logits(spec, params: dict, q, k, call: _core.Call):
+    """The logits (B, H, Lq, Lk) of q against k (after any q/k transform), every term in REL-3 order, in the stat
+    dtype (float32 for the 16-bit dtypes, PREC-4), before the masks: SCALE-2..4, REL-1, SOFTCAP-1, HEAD-3.
+    ``attention`` takes their softmax; the ring (``torch_impl.ring``) the statistics of one block (BLOCK-2)."""
     scheme = spec.relative
     unit = None if scheme is None else schemes.module_for(scheme)
     hooks = frozenset() if scheme is None else scheme.hooks
     stat = _core.stat_dtype(q.dtype)  # PREC-4
-
     logits = spec.effective_scale * _core.grouped_scores(q, k).to(stat)  # (B, H, Lq, Lk), SCALE-2, HEAD-3
     if "key_term" in hooks:  # REL-1, SCALE-3
         logits = logits + spec.relative_scale * unit.key_term(scheme, params, q, call.delta).to(stat)
@@ -56,6 +52,20 @@ def attention(spec, params: dict, q, k, v, call: _core.Call):
         logits = logits + scheme_bias(spec, params, call, stat)
     if call.bias is not None:  # BIAS-1, SCALE-4: unscaled
         logits = logits + call.bias.to(stat)
+    return logits
+
+
+def attention(spec, params: dict, q, k, v, call: _core.Call):
+    """q (B, H, Lq, d), k (B, Hkv, Lk, d), v (B, Hkv, Lk, dv) -> (o (B, H, Lq, dv), weights (B, H, Lq, Lk) or None).
+
+    Implements REL-3, SCALE-2..4, REL-1, SOFTCAP-1, MASK-4..6 (through ``call.allowed``:
+    CAUSAL-1, WINDOW-1), SOFTMAX-1, DROP-1, DROP-4, HEAD-3, HEAD-4, PREC-4.
+    """
+    q, k = transform_qk(spec, params, q, k, call)  # REL-3 (1): after the head split, before any logit
+    scheme = spec.relative
+    unit = None if scheme is None else schemes.module_for(scheme)
+    hooks = frozenset() if scheme is None else scheme.hooks
+    logits = block_logits(spec, params, q, k, call)
     weights = _core.masked_softmax(logits, call.allowed, spec.mask_fill)  # SOFTMAX-1, MASK-5, MASK-6
     dropped = _core.dropout(weights, call.dropout_keep, spec.dropout)  # DROP-1
     o = _core.grouped_values(dropped.to(q.dtype), v)  # (B, H, Lq, dv), HEAD-3, HEAD-4
