@@ -152,3 +152,20 @@ def test_the_zigzag_order_by_hand():
     from jax_impl.ring import zigzag_order
 
     assert zigzag_order(8, 2).tolist() == [0, 1, 6, 7, 2, 3, 4, 5]
+
+
+def test_the_ring_memory_figure_runs(tmp_path):
+    """``python -m benchmarks.ring_memory`` (its own process: it sets the host device count) writes its table,
+    JSON and plot; each shard's temporary memory falls with the shards (a smoke run at L = 256)."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.ring_memory", "--lengths", "256", "--shards", "1", "2", "4",
+         "--out", str(tmp_path)],
+        capture_output=True, text=True, env=env, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads((tmp_path / "ring_memory.json").read_text())
+    forward = {r["shards"]: r["temp_mib"] for r in rows if r["mode"] == "forward"}
+    assert sorted(forward) == [0, 1, 2, 4] and forward[4] < forward[2] < forward[1]
+    assert "| 256 | forward |" in (tmp_path / "ring_memory.md").read_text()
+    assert (tmp_path / "ring_memory.png").stat().st_size > 10_000
