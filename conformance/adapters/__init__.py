@@ -73,9 +73,9 @@ EXTENDED = {
     "torch:flex": "FlexAttention runs eagerly on a CPU (it vmaps its score_mod over every pair; the Shaw value term "
     "adds a second call): about 7 minutes of the 2 cores over four dtypes; tests/test_torch_kernels.py checks it "
     "against the reference (pytest -m fused)",
-    "jax:pallas": "the fused Pallas kernel runs in interpret mode on a CPU, with its gradients: one program traced "
-    "and compiled per case and dtype, about 6 more minutes on 2 cores; tests/test_jax_pallas.py checks it against "
-    "the reference (pytest -m fused)",
+    "jax:pallas": "the fused Pallas kernel runs in interpret mode on a CPU: one program traced and compiled per case "
+    "and dtype, about 3 more minutes on 2 cores; tests/test_jax_pallas.py checks it against the reference "
+    "(pytest -m fused)",
     "torch:triton": "the fused Triton programs run in Triton's interpreter where no CUDA device is present (when the "
     "triton extra is installed): about 2 more minutes on 2 cores; tests/test_torch_triton.py checks them against "
     "the reference (pytest -m fused)",

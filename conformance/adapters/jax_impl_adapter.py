@@ -221,21 +221,32 @@ class JaxTilesAdapter(JaxImplAdapter):
 
 #: What the pallas kernel cannot be asked for (KERN-1): its program fuses Shaw's tables at default positions.
 PALLAS_MISSING = fused_missing("pallas")
+#: Why the jax:pallas cells skip their gradient checks: the kernel's custom VJP runs the tiles kernel's VJP, the
+#: very programs jax:tiles certifies; compiling them again per case would double this adapter's time.
+PALLAS_GRADIENTS = (
+    "the pallas kernel's backward is the tiles kernel's VJP (certified as jax:tiles); "
+    "tests/test_jax_pallas.py checks its custom VJP against numpy_ref's"
+)
 
 
 class JaxPallasAdapter(JaxImplAdapter):
     name = "jax:pallas"
     description = (
         "jax_impl with implementation='pallas': one fused Pallas program with Shaw's key and value terms; "
-        "interpret mode on the CPU, lowered to Triton on GPU; gradients by the tiles kernel's VJP"
+        "interpret mode on the CPU, lowered to Triton on GPU; its backward is the tiles kernel's VJP"
     )
     implementation = "pallas"
     shares_programs_with = ()
 
     def capabilities(self):
         self.environment()
+        devices = _jax.devices()
         return Capabilities(
-            devices=_jax.devices(), features=FEATURES - set(PALLAS_MISSING), weights=False, notes=dict(PALLAS_MISSING)
+            devices=devices,
+            features=FEATURES - set(PALLAS_MISSING),
+            weights=False,
+            notes=dict(PALLAS_MISSING),
+            no_gradients=dict.fromkeys(devices, PALLAS_GRADIENTS),
         )
 
     def forward(self, spec, params, inputs, *, device, need_weights):
