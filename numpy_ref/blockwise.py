@@ -75,9 +75,10 @@ def block_statistics(spec: AttentionSpec, call: Call) -> tuple:
         z, counted = np.where(trace.allowed, trace.logits, spec.mask_fill), np.ones_like(trace.allowed)
     else:
         z, counted = trace.logits, trace.allowed
-    m = np.where(counted, z, -np.inf).max(axis=-1)
+    z = np.where(counted, z, -np.inf)  # a disallowed logit never reaches exp (it may be large: no overflow)
+    m = z.max(axis=-1)
     shift = np.where(np.isfinite(m), m, 0.0)
-    l = np.where(counted, np.exp(z - shift[..., None]), 0.0).sum(axis=-1)  # noqa: E741
+    l = np.exp(z - shift[..., None]).sum(axis=-1)  # noqa: E741  exp(-inf) = 0
     return m, l, trace.heads
 
 
