@@ -87,21 +87,6 @@ class JaxImplAdapter(_jax.JaxAdapter):
 
     @staticmethod
     @functools.lru_cache(maxsize=None)
-    def _compiled_vjp(spec, precision, implementation):
-        """grads = f(params, called_inputs, other_inputs, grad_out) alone, jitted per spec: for a kernel that
-        returns no weights (``vjp_only``)."""
-        import jax
-
-        f = JaxImplAdapter._call(spec, precision, implementation)
-
-        def vjp(params, called, other, g, omitted):
-            _, pullback = jax.vjp(lambda p, d: f(p, d, other, False), params, _explicit(called, omitted))
-            return pullback(g)
-
-        return jax.jit(vjp, static_argnames="omitted")
-
-    @staticmethod
-    @functools.lru_cache(maxsize=None)
     def _compiled_forward(spec, precision, implementation):
         """out = f(params, called_inputs, other_inputs) alone, jitted per spec (``forward_only``)."""
         import jax
@@ -168,14 +153,6 @@ class JaxImplAdapter(_jax.JaxAdapter):
         fn = self._compiled_forward(spec, _jax.matmul_precision(x.dtype.name), self.kernel_name(spec, inputs))
         p, called, other, _ = self._arguments(params, inputs, device)
         return {"out": np.asarray(fn(p, called, other))}
-
-    def vjp_only(self, spec, params, inputs, grad_out, *, device):
-        """The gradients of a call, compiled without the call that asks for weights."""
-        x = inputs["query"]
-        fn = self._compiled_vjp(spec, _jax.matmul_precision(x.dtype.name), self.kernel_name(spec, inputs))
-        p, called, other, omitted = self._arguments(params, inputs, device)
-        g_params, g_inputs = fn(p, called, other, _jax.to_jax(grad_out, device), omitted=omitted)
-        return {n: np.asarray(g) for n, g in {**g_params, **g_inputs}.items()}
 
     def forward(self, spec, params, inputs, *, device, need_weights):
         out_w, weights, out, _ = self._run(spec, params, inputs, None, device)
@@ -252,6 +229,3 @@ class JaxPallasAdapter(JaxImplAdapter):
     def forward(self, spec, params, inputs, *, device, need_weights):
         """The forward alone (the kernel returns no weights)."""
         return self.forward_only(spec, params, inputs, device=device)
-
-    def vjp(self, spec, params, inputs, grad_out, *, device):
-        return self.vjp_only(spec, params, inputs, grad_out, device=device)
