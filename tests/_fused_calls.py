@@ -2,15 +2,16 @@
 the float64 reference's answer on inputs rounded to the tested dtype. Every term a fused program computes:
 Shaw keys and values (k = 0, k past every distance, per-head tables, values only), grouped heads with their
 own value size, masks with an empty row (MASK-5), bias with -inf (BIAS-2), causal rules, a window, Lq != Lk.
-``MORE_CALLS``: what the triton kernel fuses besides (RoPE, ALiBi, T5, positions that are consecutive runs, a
-broadcast bias whose gradient sums over its broadcast axes)."""
+``MORE_CALLS``: what the triton kernel fuses besides (RoPE, ALiBi, T5, Huang with distances past its table,
+Swin with prefix tokens and coordinates past its window, positions that are consecutive runs, a broadcast bias
+whose gradient sums over its broadcast axes)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 import numpy_ref
-from spec import Alibi, AttentionSpec, Rope, Shaw, T5Bias
+from spec import Alibi, AttentionSpec, Huang, Rope, Shaw, Swin, T5Bias
 
 CALLS = {
     "vanilla-cross": (AttentionSpec(2, 4), {}),
@@ -41,6 +42,18 @@ MORE_CALLS = {
     "shaw-k3-causal-runs-broadcast-bias": (
         AttentionSpec(2, 4, relative=Shaw(3, per_head=True), causal=True),
         {"L": (5, 40), **RUNS, "bias": (1, 1, 1, 40)},
+    ),
+    "huang-values-causal-long": (AttentionSpec(2, 4, relative=Huang(6, values=True), causal=True), {"L": 24}),
+    "huang-m1-values-mask": (AttentionSpec(2, 4, relative=Huang(1, values=True)), {"mask": True}),
+    "huang-shared-gqa-runs": (
+        AttentionSpec(4, 4, num_kv_heads=2, relative=Huang(4, per_head=False)),
+        {"L": (5, 40), **RUNS},
+    ),
+    "swin-3x4-prefix-mask": (AttentionSpec(2, 4, relative=Swin((3, 4), prefix_tokens=1)), {"L": 13, "mask": True}),
+    "swin-4x1-runs-past-the-window": (AttentionSpec(2, 4, relative=Swin((4, 1))), {"L": (5, 40), **RUNS}),
+    "swin-2x3-causal-gqa-prefix-runs": (
+        AttentionSpec(4, 4, num_kv_heads=2, relative=Swin((2, 3), prefix_tokens=2), causal=True),
+        {"L": (5, 40), **RUNS},
     ),
 }
 ALL_CALLS = {**CALLS, **MORE_CALLS}

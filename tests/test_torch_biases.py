@@ -500,16 +500,16 @@ def test_a_table_of_the_wrong_shape_is_refused():
 
 
 # ---------------------------------------------------------------- the kernel choice
-def test_every_kernel_has_a_bias_call_site_and_triton_fuses_the_biases_of_distance():
+def test_every_kernel_has_a_bias_call_site_and_triton_fuses_every_bias_scheme():
     """REL-3, KERN-1: every kernel calls the bias hook; the fused triton program reads ALiBi's and T5's bias per
-    distance and says why it has no Swin (whose bias depends on 2-D coordinates, not on j - i alone)."""
+    distance and Swin's table at the rows it computes from both positions."""
     from torch_impl.kernels.fused import scheme_unsupported
 
     with_bias = {name for name, cls in kernels.KERNELS.items() if "bias" in cls.scheme_hooks}
     assert with_bias == set(kernels.KERNELS)
     assert scheme_unsupported(Alibi()) is None
     assert scheme_unsupported(T5Bias(num_buckets=8, max_distance=16)) is None
-    assert scheme_unsupported(Swin((2, 2))).endswith("Swin is none of them")
+    assert scheme_unsupported(Swin((2, 2), prefix_tokens=1)) is None
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from _fused_calls import ALL_CALLS, draw  # noqa: E402
 
 import numpy_ref  # noqa: E402
 import torch_impl  # noqa: E402
-from spec import AttentionSpec, Huang, Shaw, Swin  # noqa: E402
+from spec import AttentionSpec, Huang, Shaw  # noqa: E402
 from torch_impl.kernels import Triton  # noqa: E402
 from torch_impl.kernels.fused import BFLOAT16_IN_INTERPRETER, interpreting, triton_unavailable  # noqa: E402
 
@@ -94,15 +94,16 @@ def test_other_block_sizes_compute_the_same():
     np.testing.assert_allclose(default.numpy(), small.numpy(), rtol=0, atol=1e-13 * np.abs(want).max())
 
 
-NONE_OF_THEM = "triton fuses clipped tables (Shaw), biases of j - i alone (ALiBi, T5) and q/k transforms (RoPE)"
-
-
 @pytest.mark.parametrize(
     "spec,kw,message",
     [
-        (AttentionSpec(2, 2, relative=Huang(3)), {}, f"{NONE_OF_THEM}; Huang is none of them"),
-        (AttentionSpec(2, 2, relative=Swin((1, 3))), {}, f"{NONE_OF_THEM}; Swin is none of them"),
         (AttentionSpec(2, 2, relative=Shaw(1, key_side="own")), {}, "triton has no key-side term (SHAW-6)"),
+        (
+            AttentionSpec(2, 2, relative=Huang(128)),
+            {},
+            "triton holds each query block's logits against every table row: Huang's 257 rows exceed "
+            "MAX_TABLE_ROWS = 255 (the tiles and flex kernels take any table)",
+        ),
         (
             AttentionSpec(2, 2, relative=Shaw(1)),
             {"q_positions": [0, 2, 3]},
@@ -117,7 +118,7 @@ NONE_OF_THEM = "triton fuses clipped tables (Shaw), biases of j - i alone (ALiBi
         (AttentionSpec(2, 2, mask_fill=-1e9), {}, "triton gives disallowed keys weight 0 only, no mask_fill (MASK-6)"),
         (AttentionSpec(2, 2), {"return_weights": True}, "triton does not return the weights (return_weights=True)"),
     ],
-    ids=["huang", "swin", "key-side", "gapped-positions", "uint8-positions", "softcap", "mask-fill", "weights"],
+    ids=["key-side", "huang-table-rows", "gapped-positions", "uint8-positions", "softcap", "mask-fill", "weights"],
 )  # fmt: skip
 def test_the_kernel_refuses_what_it_cannot_compute(spec, kw, message):
     """KERN-1: each refusal names what the triton kernel cannot do, and the kernels that can."""
@@ -143,6 +144,21 @@ def test_bfloat16_is_refused_in_the_interpreter():
     params = {n: torch.as_tensor(a, dtype=torch.bfloat16) for n, a in numpy_ref.init_params(spec, 0).items()}
     with pytest.raises(ValueError, match=re.escape(BFLOAT16_IN_INTERPRETER)):
         torch_impl.attention(spec, params, torch.randn(1, 3, 4, dtype=torch.bfloat16), implementation="triton")
+
+
+@pytest.mark.parametrize("name,first,message", [
+    ("q_positions", 2**30, "q_positions: expected within +-2**30 (int32 in the programs), got 1073741824"),
+    ("k_positions", -(2**30) - 1, "k_positions: expected within +-2**30 (int32 in the programs), got 1073741825"),
+])  # fmt: skip
+def test_positions_past_int32_are_refused(name, first, message):
+    """POS-1: the programs read each batch's first positions as int32; larger ones are an error, not a wrap."""
+    spec = AttentionSpec(2, 2, relative=Shaw(1))
+    params = {n: torch.as_tensor(a) for n, a in numpy_ref.init_params(spec, 0).items()}
+    positions = {name: torch.arange(first, first + 3, dtype=torch.int64)}
+    with pytest.raises(ValueError, match=re.escape(message)):
+        torch_impl.attention(
+            spec, params, torch.randn(1, 3, 4, dtype=torch.float64), **positions, implementation="triton"
+        )
 
 
 @pytest.mark.parametrize("field,value,message", [

@@ -154,10 +154,8 @@ class TorchFlexAdapter(TorchImplAdapter):
         return Flex(compiled=device != "cpu")
 
 
-#: What the triton kernel cannot be asked for (KERN-1): it fuses Shaw's tables, RoPE, ALiBi and T5.
-_TRITON_FUSES = "the triton kernel fuses Shaw's tables, RoPE and biases of j - i alone (ALiBi, T5)"
+#: What the triton kernel cannot be asked for (KERN-1): it fuses Shaw's and Huang's tables, RoPE, ALiBi, T5 and Swin.
 TRITON_MISSING = {
-    **{f: _TRITON_FUSES for f in ("huang", "huang-values", "swin", "swin-prefix")},
     "shaw-key-side": "the triton kernel has no key-side term (SHAW-6)",
     "softcap": "the triton kernel has no soft cap",
     "mask-fill": "the triton kernel gives disallowed keys weight 0 only",
@@ -170,8 +168,8 @@ CONSECUTIVE_POSITIONS = frozenset({"bottom-right", "shifted", "per-batch", "per-
 class TorchTritonAdapter(TorchImplAdapter):
     name = "torch:triton"
     description = (
-        "torch_impl with implementation='triton': fused Triton programs (forward and backward) with Shaw's key "
-        "and value terms, RoPE, ALiBi and T5; Triton's interpreter on the CPU, compiled on CUDA"
+        "torch_impl with implementation='triton': fused Triton programs (forward and backward) with Shaw's and "
+        "Huang's key and value terms, RoPE, ALiBi, T5 and Swin; Triton's interpreter on the CPU, compiled on CUDA"
     )
     implementation = "triton"
 

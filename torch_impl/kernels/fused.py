@@ -28,22 +28,27 @@ its G query heads in turn (HEAD-3). The softmax's backward uses
 
 delta = j - i + off: positions that are runs of consecutive integers
 (default positions, or a KV cache's ``q_positions = arange(Lq) + Lk - Lq``)
-are an offset per batch (POS-1, POS-2). Nothing of shape (Lq, Lk) or
+are each batch's first query and key positions q0, k0, off = k0 - q0
+(POS-1, POS-2). Nothing of shape (Lq, Lk) or
 (Lq, Lk, d) is written; the allowed keys (MASK-4: mask, -inf bias, window)
 are read per block from their broadcast tensor, the bias input likewise
 (BIAS-1), and a causal call (CAUSAL-1) stops at its diagonal block (key
 blocks past it are never loaded, nor query blocks before it).
 
 Supported: no relative scheme, RoPE (its rotation of q and k runs first,
-REL-3 (1)), Shaw (keys, values, per-head tables; not its key side), ALiBi
-and T5 (the bias of each distance, (H, Lq + Lk - 1), built once by the
-scheme's hook, its gradient flowing back to T5's table); grouped key/value
-heads, a value head size of its own, causal rules, masks, bias and windows;
-gradients of q, k, v and the tables; float32, float16, bfloat16 (and
-float64 where the device has float64 dot products; the interpreter has).
-Not: Huang, Swin, Shaw's key side, positions that are not consecutive runs,
-the soft cap, mask_fill, a keep mask, weights, the gradient of the bias
-input: ``unsupported`` says which. Every product is IEEE (no TF32).
+REL-3 (1)), Shaw (keys, values, per-head tables; not its key side), Huang
+(its tables with a zero row at each end, read by the same clipped index:
+every distance past the table reads zero, HUANG-3), ALiBi and T5 (the bias
+of each distance, (H, Lq + Lk - 1), built once by the scheme's hook, its
+gradient flowing back to T5's table), Swin (each pair's row computed in the
+program from both positions, SWIN-3, SWIN-4, POS-5; the table's gradient
+added atomically at the rows); grouped key/value heads, a value head size of
+its own, causal rules, masks, bias and windows; gradients of q, k, v, the
+tables and the bias input; float32, float16, bfloat16 (and float64 where the
+device has float64 dot products; the interpreter has). Not: Shaw's key side,
+tables of more than MAX_TABLE_ROWS rows, positions that are not consecutive
+runs, the soft cap, mask_fill, a keep mask, weights: ``unsupported`` says
+which. Every product is IEEE (no TF32).
 
 On a machine without a CUDA device the same programs run through Triton's
 interpreter (``TRITON_INTERPRET=1``, set before Triton is imported when
@@ -143,20 +148,34 @@ class Triton(Kernel):
         return self.unsupported(spec, call)
 
 
+#: The most table rows (Shaw 2k + 1, Huang 2M + 1 with its zero rows) a program holds: its (BM, R) table logits
+#: and per-row weight sums pad R to a power of two, 256 at most (sm_90, bfloat16, 64 x 64 blocks: 128 KiB of
+#: shared memory at R = 129, ``compile_program``).
+MAX_TABLE_ROWS = 255
+
+
 def scheme_unsupported(scheme) -> Optional[str]:
-    """Why the triton kernel cannot fuse ``scheme``, or None: it runs a q/k transform alone (RoPE), clipped
-    tables (Shaw: the ``fused_tables`` hook) and biases of j - i alone (ALiBi, T5: ``distance_bias``)."""
+    """Why the triton kernel cannot fuse ``scheme``, or None: it runs a q/k transform alone (RoPE), tables read by
+    the clipped distance (Shaw, Huang: the ``fused_tables`` hook), biases of j - i alone (ALiBi, T5:
+    ``distance_bias``) and Swin's table of 2-D offsets (``fused_pair_table``)."""
     if scheme is None or scheme.hooks == {"qk_transform"}:
         return None
     module = schemes.module_for(scheme)
     if hasattr(module, "fused_tables"):
         hook = getattr(module, "fused_unsupported", None)
-        return None if hook is None else hook(scheme)
-    if scheme.hooks == {"bias"} and hasattr(module, "distance_bias"):
+        reason = None if hook is None else hook(scheme)
+        rows = module.fused_rows(scheme)
+        if reason is None and rows > MAX_TABLE_ROWS:
+            reason = (
+                f"triton holds each query block's logits against every table row: {type(scheme).__name__}'s "
+                f"{rows} rows exceed MAX_TABLE_ROWS = {MAX_TABLE_ROWS} (the tiles and flex kernels take any table)"
+            )
+        return reason
+    if scheme.hooks == {"bias"} and (hasattr(module, "distance_bias") or hasattr(module, "fused_pair_table")):
         return None
     return (
-        "triton fuses clipped tables (Shaw), biases of j - i alone (ALiBi, T5) and q/k transforms (RoPE); "
-        f"{type(scheme).__name__} is none of them"
+        "triton fuses tables read by distance (Shaw, Huang), biases of j - i alone (ALiBi, T5), Swin's table and "
+        f"q/k transforms (RoPE); {type(scheme).__name__} is none of them"
     )
 
 
@@ -170,16 +189,24 @@ def positions_unsupported(call) -> Optional[str]:
     return None
 
 
-def offsets(call, device) -> torch.Tensor:
-    """POS-1, POS-2 for consecutive positions: (1|B,) int32, k_pos[b, 0] - q_pos[b, 0] (0 by default)."""
+def starts(call, device) -> torch.Tensor:
+    """POS-1, POS-2 for consecutive positions: (1|B, 2) int32, each batch's first query and key positions
+    (q_pos[b, 0], k_pos[b, 0]); (0, 0) by default. Query i is at q0 + i, key j at k0 + j."""
     first = [
-        torch.zeros(1, dtype=torch.int64, device=device) if p is None else p.reshape(-1, p.shape[-1])[:, 0].long()
+        torch.zeros(1, dtype=torch.int64, device=device)
+        if p is None
+        else p.reshape(-1, p.shape[-1])[:, 0].long().to(device)
         for p in (call.q_positions, call.k_positions)
     ]
-    off = first[1].to(device) - first[0].to(device)
-    if off.numel() and int(off.abs().max()) >= 2**30:
-        raise ValueError(f"positions: expected k_pos[0] - q_pos[0] within +-2**30, got {int(off.abs().max())}")
-    return off.to(torch.int32).contiguous()
+    pair = torch.stack(torch.broadcast_tensors(*first), 1)
+    for name, column in (
+        ("q_positions", pair[:, 0]),
+        ("k_positions", pair[:, 1]),
+        ("k_pos[0] - q_pos[0]", pair[:, 1] - pair[:, 0]),
+    ):
+        if int(column.abs().max()) >= 2**30:
+            raise ValueError(f"{name}: expected within +-2**30 (int32 in the programs), got {int(column.abs().max())}")
+    return pair.to(torch.int32).contiguous()
 
 
 class _Distances(NamedTuple):
@@ -189,18 +216,32 @@ class _Distances(NamedTuple):
     device: torch.device
 
 
-def distance_bias(spec, params: dict, call, off: torch.Tensor, stat):
-    """(H, n) in ``stat``: the scheme's bias of each distance lo .. hi that the call's pairs take (ALiBi, T5;
-    differentiable), and lo; (None, 0) for any other scheme."""
+class _SchemeBias(NamedTuple):
+    """The scheme's bias as the programs read it: ``table`` (H, n) in the stat dtype (differentiable) and ``kind``
+    (DIST): 1, the bias of each distance lo .. lo + n - 1 (ALiBi, T5); 2, Swin's table rows (``window``,
+    ``prefix``); 0, none."""
+
+    table: Optional[torch.Tensor] = None
+    kind: int = 0
+    lo: int = 0
+    window: tuple = (1, 1)
+    prefix: int = 0
+
+
+def scheme_bias(spec, params: dict, call, first: torch.Tensor, stat) -> _SchemeBias:
+    """The scheme's bias for the programs (ALiBi, T5: of each distance the call's pairs take; Swin: its table)."""
     scheme = spec.relative
     if scheme is None or "bias" not in scheme.hooks:
-        return None, 0
+        return _SchemeBias()
+    module = schemes.module_for(scheme)
+    if hasattr(module, "fused_pair_table"):
+        table, window, prefix = module.fused_pair_table(scheme, params)
+        return _SchemeBias(table.to(stat).contiguous(), 2, 0, window, prefix)
+    off = first[:, 1] - first[:, 0]
     lo, hi = 1 - call.Lq + int(off.min()), call.Lk - 1 + int(off.max())
     delta = torch.arange(lo, hi + 1, device=call.device).view(1, 1, -1)
-    values = schemes.module_for(scheme).bias(
-        scheme, params, _Distances(delta, call.device), num_heads=spec.num_heads, stat=stat
-    )
-    return values.reshape(spec.num_heads, -1).contiguous(), lo
+    values = module.bias(scheme, params, _Distances(delta, call.device), num_heads=spec.num_heads, stat=stat)
+    return _SchemeBias(values.reshape(spec.num_heads, -1).contiguous(), 1, lo)
 
 
 @functools.cache
@@ -227,7 +268,7 @@ _INPUT_POINTERS = frozenset({"Q", "K", "V", "RK", "RV", "BIAS", "OUT", "DO", "DQ
 
 def compile_program(arch: int, dtype: torch.dtype, kernel: Triton = Triton(), *, d: int = 64, dv: int = 64,
                     max_distance: int = 16, causal: bool = True, masked: bool = True, keys: bool = True,
-                    values: bool = True, dist: bool = True) -> dict:  # fmt: skip
+                    values: bool = True, dist: int = 1) -> dict:  # fmt: skip
     """The three programs compiled for a CUDA device of compute capability ``arch`` (80, 90) without one
     (blocks of ``kernel``'s fields, 64 where None):
     Triton lowers them to PTX and its bundled ptxas assembles cubins on this machine. {name: compiled}; a
@@ -247,7 +288,7 @@ def compile_program(arch: int, dtype: torch.dtype, kernel: Triton = Triton(), *,
     bm, bn = kernel.block_m or 64, kernel.block_n or 64
     constexprs = dict(
         KMAX=max_distance, CAUSAL=causal, MASKED=masked, BIASED=masked, KEYS=keys, VALUES=values, DIST=dist,
-        DIST_GRAD=dist, BIAS_GRAD=masked, GROUP=1, BM=bm, BN=bn, DP=_pow2(d), DVP=_pow2(dv),
+        WH=3, WW=4, PREFIX=1, DIST_GRAD=bool(dist), BIAS_GRAD=masked, GROUP=1, BM=bm, BN=bn, DP=_pow2(d), DVP=_pow2(dv),
         RP=_pow2(2 * max_distance + 1), TP=_pow2(bm + bn - 1),
     )  # fmt: skip
     compiled = {}
@@ -279,8 +320,8 @@ class _Run(NamedTuple):
     block_m: int
     block_n: int
     mask: torch.Tensor  # int8, broadcast (B, H, Lq, Lk) view, or a dummy
-    off: torch.Tensor  # (1|B,) int32
-    nd_lo: int  # the first distance of the distance bias
+    first: torch.Tensor  # (1|B, 2) int32, the first query and key positions
+    bias: _SchemeBias
     kmax: int
     causal: bool
     masked: bool
@@ -307,10 +348,10 @@ def _arguments(run: _Run, q, k, v, rel_k, rel_v, db, bias):
     rk, srk = _table3(rel_k, dummy)
     rv, srv = _table3(rel_v, dummy)
     R = 2 * run.kmax + 1
-    head = (q, k, v, rk, rv, dummy if db is None else db, run.off, run.mask, dummy if bias is None else bias)
+    head = (q, k, v, rk, rv, dummy if db is None else db, run.first, run.mask, dummy if bias is None else bias)
     strides = (
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], srk, srv, 0 if db is None else db.stride(0),
-        run.off.stride(0) if run.off.shape[0] > 1 else 0,
+        run.first.stride(0) if run.first.shape[0] > 1 else 0,
         *_strides(run.mask, 4, not run.masked), *_strides(bias, 4, bias is None),
     )  # fmt: skip
     return head, strides, R, 0 if db is None else db.shape[1]
@@ -320,7 +361,8 @@ def _constexprs(run: _Run, q, k, v, rel_k, rel_v, db, bias) -> dict:
     H, Hkv = q.shape[1], k.shape[1]
     return dict(
         KMAX=run.kmax, CAUSAL=run.causal, MASKED=run.masked, BIASED=bias is not None, KEYS=rel_k is not None,
-        VALUES=rel_v is not None, DIST=db is not None, GROUP=H // Hkv, BM=run.block_m,
+        VALUES=rel_v is not None, DIST=run.bias.kind, WH=run.bias.window[0], WW=run.bias.window[1],
+        PREFIX=run.bias.prefix, GROUP=H // Hkv, BM=run.block_m,
         BN=run.block_n, DP=_pow2(q.shape[3]), DVP=_pow2(v.shape[3]), RP=_pow2(2 * run.kmax + 1),
     )  # fmt: skip
 
@@ -343,7 +385,7 @@ class _Fused(torch.autograd.Function):
         head, strides, R, ND = _arguments(run, q, k, v, rel_k, rel_v, db, wide)
         forward[(triton.cdiv(Lq, run.block_m), B * H)](
             *head, o, o_stat, row_max, row_inv, *strides, *o.stride()[:3],
-            H, Lq, Lk, d, dv, R, run.nd_lo, ND, run.scale, run.rel_scale,
+            H, Lq, Lk, d, dv, R, run.bias.lo, ND, run.scale, run.rel_scale,
             KEEP=keep, **_constexprs(run, q, k, v, rel_k, rel_v, db, wide),
         )  # fmt: skip
         ctx.run = run
@@ -374,7 +416,7 @@ class _Fused(torch.autograd.Function):
         ddb = torch.zeros(H, ND, dtype=stat, device=q.device) if dist_grad else dummy
         bias_grad = bias is not None and ctx.needs_input_grad[7]
         dbias = torch.zeros(_core.as_4d(bias).shape, dtype=stat, device=q.device) if bias_grad else dummy
-        tail = (H, Lq, Lk, d, dv, R, run.nd_lo, ND, run.scale, run.rel_scale)
+        tail = (H, Lq, Lk, d, dv, R, run.bias.lo, ND, run.scale, run.rel_scale)
         backward_dq[(nm, B * H)](
             *head, do, row_max, row_inv, dsum, dq, drk, drv, ddb, dbias, *strides, *do.stride()[:3],
             *_strides(dbias.expand(B, H, Lq, Lk), 4, not bias_grad), *tail,
@@ -399,8 +441,9 @@ class _Fused(torch.autograd.Function):
 def attention(kernel: Triton, spec, params: dict, q, k, v, call: _core.Call) -> torch.Tensor:
     """q (B, H, Lq, d), k (B, Hkv, Lk, d), v (B, Hkv, Lk, dv) -> o (B, H, Lq, dv), differentiable.
 
-    Implements SCALE-2, SCALE-3, SCALE-4, SHAW-1..4, ALIBI-1, T5-1, ROPE-1, MASK-4, MASK-5, BIAS-1, BIAS-2,
-    CAUSAL-1, WINDOW-1, POS-1, POS-2, HEAD-3, HEAD-4, SOFTMAX-1, GRAD-1, PREC-4.
+    Implements SCALE-2, SCALE-3, SCALE-4, SHAW-1..4, HUANG-1..3, HUANG-6, ALIBI-1, T5-1, SWIN-1, SWIN-3, SWIN-4,
+    POS-5, ROPE-1, MASK-4, MASK-5, BIAS-1, BIAS-2, CAUSAL-1, WINDOW-1, POS-1, POS-2, HEAD-3, HEAD-4, SOFTMAX-1,
+    GRAD-1, PREC-4.
     """
     q, k = transform_qk(spec, params, q, k, call)  # REL-3 (1): RoPE rotates q and k once
     B, H, Lq, _ = q.shape
@@ -409,13 +452,13 @@ def attention(kernel: Triton, spec, params: dict, q, k, v, call: _core.Call) -> 
     module = None if scheme is None else schemes.module_for(scheme)
     rel_k, rel_v, kmax = module.fused_tables(scheme, params) if hasattr(module, "fused_tables") else (None, None, 0)
     stat = torch.float64 if q.dtype == torch.float64 else torch.float32
-    off = offsets(call, q.device)
-    db, nd_lo = distance_bias(spec, params, call, off, stat)
+    first = starts(call, q.device)
+    bias = scheme_bias(spec, params, call, first, stat)
     allowed = call.allowed  # the causal rule alone is computed in the programs (and bounds their loops)
     masked = allowed is not None and (call.mask is not None or call.bias is not None or spec.window is not None)
     run = _Run(
         *kernel.blocks(q.dtype),
         _core.as_4d(allowed).to(torch.int8).expand(B, H, Lq, Lk) if masked else q.new_zeros(1),
-        off, nd_lo, kmax, spec.causal, masked, spec.effective_scale, spec.relative_scale,
+        first, bias._replace(table=None), kmax, spec.causal, masked, spec.effective_scale, spec.relative_scale,
     )  # fmt: skip
-    return _Fused.apply(run, q.contiguous(), k.contiguous(), v.contiguous(), rel_k, rel_v, db, call.bias)
+    return _Fused.apply(run, q.contiguous(), k.contiguous(), v.contiguous(), rel_k, rel_v, bias.table, call.bias)

@@ -109,14 +109,20 @@ there, so the hooks read small tensors and never reshape):
   scheme without it has no value term in the flex kernel.
 
 Fused hooks (the triton kernel: one Triton program computes the terms from
-tables, at default positions):
+tables, at positions that are runs of consecutive integers):
 
 - ``fused_unsupported(scheme) -> Optional[str]``: why this configuration of
   the scheme cannot be fused (None: it can); a scheme without the hook is
   not fused at all;
 - ``fused_tables(scheme, params) -> (rel_k | None, rel_v | None, k)``: the
   key and value tables, (R, c) or (H, R, c), read by ``clip(j - i, -k, k)
-  + k`` (Shaw, SHAW-2).
+  + k`` (Shaw, SHAW-2; Huang's with a zero row at each end, so that every
+  distance beyond its table reads zero, HUANG-3);
+- ``fused_rows(scheme) -> int``: the rows of those tables (the kernel
+  refuses more than it holds);
+- ``fused_pair_table(scheme, params) -> (table (H, R), window, prefix)``:
+  a bias read from a table at rows the program computes from both
+  positions (Swin, SWIN-3, SWIN-4).
 
 A later scheme adds one module and, for a hook kind no module has used yet,
 one call site per kernel.

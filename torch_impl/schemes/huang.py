@@ -61,6 +61,21 @@ def value_term(scheme, params: dict, w: torch.Tensor, delta: torch.Tensor) -> to
     return rows_sum(bucket_sums_valid(w, row, valid, scheme.num_rows), params["rel_v"])
 
 
+# ---------------------------------------------------------------- fused hooks (the triton kernel)
+def fused_rows(scheme) -> int:
+    """The rows of the tables ``fused_tables`` gives: 2M + 1 (its 2M - 1, HUANG-1, and a zero row at each end)."""
+    return 2 * scheme.max_len + 1
+
+
+def fused_tables(scheme, params: dict) -> tuple:
+    """(rel_k, rel_v or None, M): the tables with a zero row before and after, (2M + 1, c) or (H, 2M + 1, c),
+    read by the triton kernel's clipped index ``clip(j - i, -M, M) + M`` (SHAW-2's): distance delta with
+    |delta| <= M - 1 reads its own row delta + M - 1 + 1, every distance beyond the table a zero row (HUANG-3),
+    in the key and the value term alike. The padding rows' gradients are dropped by ``F.pad``'s backward."""
+    pad = lambda t: F.pad(t, (0, 0, 1, 1))  # noqa: E731
+    return pad(params["rel_k"]), pad(params["rel_v"]) if scheme.values else None, scheme.max_len
+
+
 # ---------------------------------------------------------------- tile hooks
 class TileState(NamedTuple):
     """What every tile of one call reads, built once (``tile_state``)."""

@@ -206,6 +206,11 @@ def fused_unsupported(scheme) -> Optional[str]:
     return None if scheme.key_side is None else "triton has no key-side term (SHAW-6)"
 
 
+def fused_rows(scheme) -> int:
+    """The rows of the tables ``fused_tables`` gives: 2k + 1 (SHAW-2)."""
+    return 2 * scheme.max_distance + 1
+
+
 def fused_tables(scheme, params: dict) -> tuple:
     """(rel_k or None, rel_v or None, k): the tables the triton kernel reads, (R, c) or (H, R, c) (REL-2)."""
     return params["rel_k"] if scheme.keys else None, params["rel_v"] if scheme.values else None, scheme.max_distance

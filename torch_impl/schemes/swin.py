@@ -57,6 +57,13 @@ def rows_of(scheme, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
     return torch.where(q_prefix | k_prefix, prefix_row, row)
 
 
+# ---------------------------------------------------------------- fused hook (the triton kernel)
+def fused_pair_table(scheme, params: dict) -> tuple:
+    """(rel_b (H, R), window, prefix_tokens): the triton kernel computes each pair's row itself (SWIN-3,
+    SWIN-4) from consecutive positions and reads rel_b there; its gradient is added atomically at the rows."""
+    return params["rel_b"], tuple(scheme.window), scheme.prefix_tokens
+
+
 # ---------------------------------------------------------------- eager hook
 def bias(scheme, params: dict, call, *, num_heads: int, stat: torch.dtype) -> torch.Tensor:
     """SWIN-1: (1|B, H, Lq, Lk) = rel_b[h, row(q_pos_i, k_pos_j)] in the stat dtype."""
