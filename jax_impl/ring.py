@@ -13,9 +13,13 @@ output is the unsharded attention (BLOCK-4), then the output projection.
 
 Per-pair inputs (mask, bias, keep mask) are cut by query rows: shard r
 holds the rows of its queries for every key, and each step reads the
-columns of the block it holds by the block's key indices. A key no query of
-the shard may attend in a step has its value row zeroed for that step
-(MASK-7 per block: a NaN or inf in a dead key's row reaches nothing).
+columns of the block it holds by the block's key indices. A key that no
+query of any shard may attend (MASK-7) has its key and value rows zeroed
+before the projections: each shard marks the keys its queries may attend
+(its rows against every key's position, a boolean (B, H, Ls, Lk)) and a
+``psum`` over the shards finds the dead ones. In each step a key no query of
+the shard may attend has its value row zeroed and its logits exponentiated
+at 0, so that nothing of it reaches a gradient.
 
 ``layout="zigzag"`` (BLOCK-5) puts the tokens in the load-balanced causal
 order before sharding (shard r: chunks r and 2n - 1 - r of 2n) with their
@@ -39,7 +43,7 @@ from . import _checks, schemes
 from .heads import merge, project, split, weighted_values
 from .kernels._base import Inputs
 from .kernels.xla import block_logits
-from .masking import allowed_keys, as4d, distance, dropout, positions, stat_dtype
+from .masking import allowed_keys, as4d, dead_keys, distance, dropout, positions, stat_dtype
 
 LAYOUTS = ("contiguous", "zigzag")
 
@@ -104,26 +108,32 @@ def ring_attention(
         q_pos, k_pos = q_pos[:, qo], k_pos[:, ko]
         pairs = {name: a[:, :, qo][..., ko] for name, a in pairs.items()}
     k_index = jnp.broadcast_to(jnp.arange(Lk), (B, Lk))  # the columns of the per-pair inputs, in the held order
+    all_k_pos = k_pos  # every key's position in the held order, replicated: for the dead keys (MASK-7)
     row, tok = P(None, axis_name), P(None, axis_name, None)
     body = functools.partial(_shard, spec, axis_name, n, sorted(pairs))
     out = jax.shard_map(
         body,
         mesh=mesh,
-        in_specs=(P(), tok, tok, tok, row, row, row, *[P(None, None, axis_name, None)] * len(pairs)),
+        in_specs=(P(), tok, tok, tok, row, row, row, P(), *[P(None, None, axis_name, None)] * len(pairs)),
         out_specs=tok,
         check_vma=False,
-    )(params, query, key, value, q_pos, k_pos, k_index, *[pairs[name] for name in sorted(pairs)])
+    )(params, query, key, value, q_pos, k_pos, k_index, all_k_pos, *[pairs[name] for name in sorted(pairs)])
     if layout == "zigzag":
         out = out[:, np.argsort(qo)]
     return out
 
 
 def _shard(spec: AttentionSpec, axis_name: str, n: int, pair_names: list, params, query, key, value, q_pos, k_pos,
-           k_index, *pair_rows):  # fmt: skip
+           k_index, all_k_pos, *pair_rows):  # fmt: skip
     """One shard: its queries against every key block in turn, the blocks passed on round the ring."""
     p, H, Hkv = params, spec.num_heads, spec.kv_heads
     pairs = dict(zip(pair_names, pair_rows))  # (B|1, H|1, Ls, Lk) rows of this shard's queries
-    hooks = schemes.plain_hooks(spec.relative)
+    if spec.mask_fill is None:  # MASK-7: the rows of keys that no query of any shard may attend become zero
+        dead = _dead_keys(spec, axis_name, pairs, q_pos, all_k_pos, k_index)
+        if dead is not None:
+            key = jnp.where(dead[..., None], 0, key).astype(key.dtype)
+            value = jnp.where(dead[..., None], 0, value).astype(value.dtype)
+    hooks = _stat_key_term(schemes.plain_hooks(spec.relative), stat_dtype(query.dtype))
     q = split(project(query, p["wq"], p.get("bq")), H)  # (B, H, Ls, d)
     k = split(project(key, p["wk"], p.get("bk")), Hkv)  # (B, Hkv, Ls, d)
     v = split(project(value, p["wv"], p.get("bv")), Hkv)  # (B, Hkv, Ls, dv)
@@ -134,15 +144,44 @@ def _shard(spec: AttentionSpec, axis_name: str, n: int, pair_names: list, params
     m = jnp.full((B, H, Ls), -jnp.inf, stat)
     l_sum = jnp.zeros((B, H, Ls), stat)
     o = jnp.zeros((B, H, Ls, v.shape[-1]), stat)
-    block = (k, v, k_pos, k_index)
     ring = [(i, (i + 1) % n) for i in range(n)]
-    for step in range(n):
-        bk, bv, bpos, bidx = block
-        m, l_sum, o = _fold(spec, p, hooks, pairs, q, q_pos, bk, bv, bpos, bidx, m, l_sum, o)
-        if step < n - 1:
-            block = jax.lax.ppermute(block, axis_name, ring)
-    o = o.astype(q.dtype)
+
+    def step(carry, _):  # fold the held block in, pass it on: one program for any n (lax.scan)
+        stats, block = carry
+        stats = _fold(spec, p, hooks, pairs, q, q_pos, *block, *stats)
+        return (stats, jax.lax.ppermute(block, axis_name, ring)), None
+
+    ((m, l_sum, o), block), _ = jax.lax.scan(step, ((m, l_sum, o), (k, v, k_pos, k_index)), length=n - 1)
+    m, l_sum, o = _fold(spec, p, hooks, pairs, q, q_pos, *block, m, l_sum, o)  # the last block: nothing to pass on
+    # BLOCK-4: one division by the denominator; MASK-5: a row with no allowed key (l = 0, o = 0) stays exactly 0
+    o = jnp.where(l_sum[..., None] > 0, o / jnp.where(l_sum > 0, l_sum, 1.0)[..., None], 0.0).astype(q.dtype)
     return project(merge(o), p["wo"], p.get("bo"))  # OUT-1
+
+
+def _stat_key_term(hooks, stat):
+    """The hooks with the key term computed from q and the tables in the stat dtype (PREC-4): its gradient then
+    gathers each table row's sum of the blocks' logit gradients in that dtype, not rounded to a 16-bit one per
+    pair first (a row every key shares cancels: Shaw(0)'s key table)."""
+    if hooks.key_term is None:
+        return hooks
+    term = hooks.key_term
+
+    def key_term(params, q, delta):
+        tables = {n: t.astype(stat) if n.startswith("rel_") else t for n, t in params.items()}
+        return term(tables, q.astype(stat), delta)
+
+    return hooks._replace(key_term=key_term)
+
+
+def _dead_keys(spec, axis_name, pairs, q_pos, all_k_pos, k_index):
+    """MASK-7 over the whole call: (B, Ls) True for this shard's keys that no query of any shard may attend (its
+    queries against every key, then a sum over the shards); None when every key is allowed."""
+    allowed = allowed_keys(spec, distance(q_pos, all_k_pos), pairs.get("mask"), pairs.get("bias"))
+    if allowed is None:
+        return None
+    B, Lk = k_index.shape[0], all_k_pos.shape[-1]
+    seen = jax.lax.psum((~dead_keys(allowed, B, Lk)).astype(jnp.int32), axis_name)  # (B, Lk) in the held order
+    return jnp.take_along_axis(seen, k_index, axis=1) == 0
 
 
 def _fold(spec, params, hooks, pairs, q, q_pos, k, v, k_pos, k_index, m, l_sum, o):
@@ -155,21 +194,28 @@ def _fold(spec, params, hooks, pairs, q, q_pos, k, v, k_pos, k_index, m, l_sum, 
     counted = jnp.ones(z.shape, bool) if allowed is None else jnp.broadcast_to(allowed, z.shape)
     if spec.mask_fill is not None:  # MASK-6: every key counts, the disallowed ones at the fill
         z, counted = jnp.where(counted, z, spec.mask_fill), jnp.ones(z.shape, bool)
+    # the running maximum is differentiated: its gradient paths cancel in exact arithmetic, and what they leave
+    # keeps each row's logit gradients summing to 0 (measured over the catalog: without them T5's float32 table
+    # gradient, a sum over a bucket of many pairs, was 5.9e-7 off against a budget of 5.0e-7)
     m_block = jnp.max(jnp.where(counted, z, -jnp.inf), axis=-1)
     m_new = jnp.maximum(m, m_block)
     shift = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
-    e = jnp.where(counted, jnp.exp(z - shift[..., None]), 0.0)  # weights relative to the new maximum
+    # weights relative to the new maximum; a pair that does not count is exponentiated at 0, not at its logit, so
+    # that a NaN or an overflow there (a poisoned dead key, MASK-7) reaches no gradient through the where
+    z = jnp.where(counted, z - shift[..., None], 0.0)
+    e = jnp.where(counted, jnp.exp(z), 0.0)
     dropped = dropout(e, x.dropout_keep, spec.dropout)  # DROP-1 on the unnormalised weights (linear)
     live = jnp.any(counted, axis=(1, 2))[:, None, :, None]  # MASK-7 per block: (B, 1, Lb, 1)
     v_live = jnp.where(live, v, 0).astype(v.dtype)
-    add = weighted_values(dropped.astype(v.dtype), v_live).astype(o.dtype)  # HEAD-3, HEAD-4
+    # HEAD-3, HEAD-4 in the stat dtype (PREC-4): the weights are not rounded to a 16-bit input's dtype, whose
+    # rounding the gradient of a cancelling sum (a table row every key shares) would not undo
+    add = weighted_values(dropped, v_live.astype(o.dtype))
     if hooks.value_term is not None:  # REL-3 (4): from the weights after dropout (DROP-4)
-        add = add + hooks.value_term(params, dropped, delta).astype(o.dtype)
+        table = {**params, "rel_v": params["rel_v"].astype(o.dtype)}  # in the stat dtype too, like the weights
+        add = add + hooks.value_term(table, dropped, delta).astype(o.dtype)
     alpha = jnp.exp(jnp.where(jnp.isfinite(m), m, -jnp.inf) - shift)  # 0 while a row has had no allowed key
     l_new = l_sum * alpha + jnp.sum(e, axis=-1)
-    o_unnorm = o * (l_sum * alpha)[..., None] + add
-    o_new = jnp.where(l_new[..., None] > 0, o_unnorm / jnp.where(l_new > 0, l_new, 1.0)[..., None], 0.0)
-    return m_new, l_new, o_new  # MASK-5: a row with no allowed key so far stays exactly 0
+    return m_new, l_new, o * alpha[..., None] + add  # o unnormalised (BLOCK-2): divided once, at the end
 
 
 def _columns(k_index, a):

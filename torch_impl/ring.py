@@ -5,7 +5,11 @@ their *global* positions. The key/value blocks travel round the ring (point
 to point, rank r to r + 1, with their positions and global key indices); at
 each of the n steps every rank computes the statistics of its queries
 against the block it holds from the blocks' global positions (BLOCK-1,
-BLOCK-2) and folds them into its running (m, l, o) (BLOCK-3). After n steps
+BLOCK-2) and folds them into its running (m, l, o) (BLOCK-3). A key that no
+query of any rank may attend (MASK-7) has its key and value rows zeroed
+before the projections: each rank marks the keys its queries may attend
+(every key's position gathered once) and a MAX over the ranks finds the
+dead ones. After n steps
 every query has met every key: the rank's output is its rows of the
 unsharded attention (BLOCK-4).
 
@@ -16,7 +20,8 @@ gloo arrived wrong elsewhere). The parameters' gradients of each rank are
 its shard's part: their sum over the ranks (``all_reduce``) is the whole
 call's. Per-pair inputs (mask, bias, keep mask) are the rank's query rows
 against every key, in global key order. A key that no query of the rank may
-attend in a step has its value row zeroed for that step (MASK-7 per block).
+attend in a step has its value row zeroed for that step and its logits
+exponentiated at 0 (nothing of it reaches a gradient).
 Gloo on CPU tensors, NCCL on CUDA tensors: the tensors follow their inputs.
 Axis legend (AXES-1): B, H, D, d; Ls the rank's tokens, Lk all keys.
 """
@@ -120,6 +125,13 @@ def ring_attention(
     k_tokens = tokens
     q_pos = _core.positions(q_positions, Ls, query.device) if q_positions is not None else tokens[None]
     k_pos = _core.positions(k_positions, key.shape[1], key.device) if k_positions is not None else k_tokens[None]
+    pairs = {
+        name: _core.as_4d(a) for name, a in (("mask", mask), ("bias", bias), ("keep", dropout_keep)) if a is not None
+    }
+    if spec.mask_fill is None:  # MASK-7: the rows of keys that no query of any rank may attend become zero
+        dead = _dead_keys(spec, group, pairs, q_pos, k_pos, Lk, layout)
+        if dead is not None:
+            key, value = key.masked_fill(dead[..., None], 0.0), value.masked_fill(dead[..., None], 0.0)
     p, H, Hkv = params, spec.num_heads, spec.kv_heads
     q = _core.split_heads(_core.project(query, p["wq"], p.get("bq")), H)  # (B, H, Ls, d)
     k = _core.split_heads(_core.project(key, p["wk"], p.get("bk")), Hkv)
@@ -130,17 +142,38 @@ def ring_attention(
     m = torch.full((B, H, Ls), float("-inf"), dtype=stat, device=q.device)
     l_sum = torch.zeros((B, H, Ls), dtype=stat, device=q.device)
     o = torch.zeros((B, H, Ls, v.shape[-1]), dtype=stat, device=q.device)
-    pairs = {
-        name: _core.as_4d(a) for name, a in (("mask", mask), ("bias", bias), ("keep", dropout_keep)) if a is not None
-    }
     block = (k, v, k_pos.expand(B, -1).contiguous(), k_tokens.expand(B, -1).contiguous())
     for step in range(n):
         bk, bv, bpos, bidx = block
         m, l_sum, o = _fold(spec, p, pairs, q, q_pos, bk, bv, bpos, bidx[0], m, l_sum, o)
         if step < n - 1:
             block = _Pass.apply(group, *block)
-    o = o.to(q.dtype)
+    # BLOCK-4: one division by the denominator; MASK-5: a row with no allowed key (l = 0, o = 0) stays exactly 0
+    o = torch.where(l_sum[..., None] > 0, o / torch.where(l_sum > 0, l_sum, 1.0)[..., None], 0.0).to(q.dtype)
     return _core.project(_core.merge_heads(o), p["wo"], p.get("bo"))  # OUT-1
+
+
+def _dead_keys(spec, group, pairs: dict, q_pos, k_pos, Lk: int, layout: str):
+    """MASK-7 over the whole group: (B, Ls) True for this rank's keys that no query of any rank may attend (its
+    queries against every key's position, gathered from the ranks; then a MAX over the ranks); None when every
+    key is allowed."""
+    n, rank = dist.get_world_size(group), dist.get_rank(group)
+    B = max(q_pos.shape[0], k_pos.shape[0], *(a.shape[0] for a in pairs.values()))
+    mine = k_pos.expand(B, -1).contiguous()
+    gathered = [torch.empty_like(mine) for _ in range(n)]
+    dist.all_gather(gathered, mine, group=group)
+    every = mine.new_empty(B, Lk)
+    for r, part in enumerate(gathered):  # the ranks' key positions in global key order
+        every[:, shard_tokens(Lk, n, r, layout).to(every.device)] = part
+    call = _core.Call(
+        B, q_pos.shape[-1], Lk, q_pos.device, mask=pairs.get("mask"), bias=pairs.get("bias"), q_positions=q_pos,
+        k_positions=every, causal=spec.causal, window=spec.window,
+    )  # fmt: skip
+    if call.allowed is None:
+        return None
+    seen = (~_core.dead_keys(call.allowed, B, Lk)).to(torch.int32).contiguous()
+    dist.all_reduce(seen, op=dist.ReduceOp.MAX, group=group)
+    return seen[:, shard_tokens(Lk, n, rank, layout).to(seen.device)] == 0
 
 
 def _fold(spec, params, pairs, q, q_pos, k, v, k_pos, k_index, m, l_sum, o):
@@ -156,18 +189,23 @@ def _fold(spec, params, pairs, q, q_pos, k, v, k_pos, k_index, m, l_sum, o):
     counted = torch.ones_like(z, dtype=torch.bool) if allowed is None else allowed.expand(z.shape)
     if spec.mask_fill is not None:  # MASK-6: every key counts, the disallowed ones at the fill
         z, counted = torch.where(counted, z, spec.mask_fill), torch.ones_like(counted)
-    m_new = torch.maximum(m, torch.where(counted, z, float("-inf")).amax(-1))
+    # the running maximum is not differentiated (the result does not depend on it): its gradient paths cancel in
+    # exact arithmetic; measured over the catalog, this ring's float64 key gradients need them left out
+    # (t5/cross/default-buckets-to-512: 3.9e-16 against a budget of 3.2e-16 with them)
+    m_new = torch.maximum(m, torch.where(counted, z.detach(), float("-inf")).amax(-1))
     shift = torch.where(torch.isfinite(m_new), m_new, 0.0)
-    e = torch.where(counted, torch.exp(z - shift[..., None]), 0.0)
+    # a pair that does not count is exponentiated at 0, not at its logit: a NaN or an overflow there (a poisoned
+    # dead key, MASK-7) reaches no gradient through the where
+    e = torch.where(counted, torch.exp(torch.where(counted, z - shift[..., None], 0.0)), 0.0)
     dropped = _core.dropout(e, call.dropout_keep, spec.dropout)  # DROP-1 on the unnormalised weights (linear)
     live = counted.any(1).any(1)[:, None, :, None]  # MASK-7 per block: (B, 1, Lb, 1)
-    add = _core.grouped_values(dropped.to(v.dtype), v.masked_fill(~live, 0)).to(o.dtype)  # HEAD-3, HEAD-4
+    # HEAD-3, HEAD-4 in the stat dtype (PREC-4): the weights are not rounded to a 16-bit input's dtype, whose
+    # rounding the gradient of a cancelling sum (a table row every key shares) would not undo
+    add = _core.grouped_values(dropped, v.masked_fill(~live, 0).to(o.dtype))
     scheme = spec.relative
     if scheme is not None and "value_term" in scheme.hooks:  # REL-3 (4): after dropout (DROP-4)
-        add = add + schemes.module_for(scheme).value_term(scheme, params, dropped, call.delta).to(o.dtype)
+        table = {**params, "rel_v": params["rel_v"].to(o.dtype)}  # in the stat dtype too, like the weights
+        add = add + schemes.module_for(scheme).value_term(scheme, table, dropped, call.delta).to(o.dtype)
     alpha = torch.exp(torch.where(torch.isfinite(m), m, float("-inf")) - shift)
     l_new = l_sum * alpha + e.sum(-1)
-    o_unnorm = o * (l_sum * alpha)[..., None] + add
-    safe = torch.where(l_new > 0, l_new, torch.ones_like(l_new))
-    o_new = torch.where(l_new[..., None] > 0, o_unnorm / safe[..., None], 0.0)
-    return m_new, l_new, o_new  # MASK-5: a row with no allowed key so far stays exactly 0
+    return m_new, l_new, o * alpha[..., None] + add  # o unnormalised (BLOCK-2): divided once, at the end
