@@ -21,7 +21,7 @@ CALLS = {
         AttentionSpec(4, 4, num_kv_heads=2, value_head_dim=3, relative=Shaw(3, per_head=True)),
         {"mask": True},
     ),
-    "shaw-k40-past-every-distance-window": (AttentionSpec(2, 4, relative=Shaw(40), window=(3, 2)), {}),
+    "shaw-k30-past-every-distance-window": (AttentionSpec(2, 4, relative=Shaw(30), window=(3, 2)), {}),
     "shaw-values-only-unscaled": (AttentionSpec(2, 4, relative=Shaw(2, keys=False), scale_relative=False), {}),
     "shaw-keys-only-causal-long": (AttentionSpec(2, 8, relative=Shaw(5, values=False), causal=True), {"L": 40}),
 }

@@ -99,10 +99,10 @@ def test_other_block_sizes_compute_the_same():
     [
         (AttentionSpec(2, 2, relative=Shaw(1, key_side="own")), {}, "triton has no key-side term (SHAW-6)"),
         (
-            AttentionSpec(2, 2, relative=Huang(128)),
+            AttentionSpec(2, 2, relative=Huang(32)),
             {},
-            "triton holds each query block's logits against every table row: Huang's 257 rows exceed "
-            "MAX_TABLE_ROWS = 255 (the tiles and flex kernels take any table)",
+            "triton holds each query block's logits against every table row: Huang's 65 rows exceed the 63 it "
+            "holds for float64 inputs (MAX_TABLE_ROWS; the tiles and flex kernels take any table)",
         ),
         (
             AttentionSpec(2, 2, relative=Shaw(1)),
@@ -144,6 +144,18 @@ def test_bfloat16_is_refused_in_the_interpreter():
     params = {n: torch.as_tensor(a, dtype=torch.bfloat16) for n, a in numpy_ref.init_params(spec, 0).items()}
     with pytest.raises(ValueError, match=re.escape(BFLOAT16_IN_INTERPRETER)):
         torch_impl.attention(spec, params, torch.randn(1, 3, 4, dtype=torch.bfloat16), implementation="triton")
+
+
+def test_a_float32_table_past_255_rows_is_refused():
+    """KERN-1: the table limit of 16-bit and float32 inputs (MAX_TABLE_ROWS), named with the dtype."""
+    spec = AttentionSpec(2, 2, relative=Shaw(128, values=False))
+    params = {n: torch.as_tensor(a, dtype=torch.float32) for n, a in numpy_ref.init_params(spec, 0).items()}
+    message = (
+        "triton holds each query block's logits against every table row: Shaw's 257 rows exceed the 255 it holds "
+        "for float32 inputs (MAX_TABLE_ROWS; the tiles and flex kernels take any table)"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        torch_impl.attention(spec, params, torch.randn(1, 3, 4), implementation="triton")
 
 
 @pytest.mark.parametrize("name,first,message", [

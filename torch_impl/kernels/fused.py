@@ -46,7 +46,7 @@ added atomically at the rows); grouped key/value heads, a value head size of
 its own, causal rules, masks, bias and windows; gradients of q, k, v, the
 tables and the bias input; float32, float16, bfloat16 (and float64 where the
 device has float64 dot products; the interpreter has). Not: Shaw's key side,
-tables of more than MAX_TABLE_ROWS rows, positions that are not consecutive
+tables of more rows than MAX_TABLE_ROWS holds (255; 63 in float64), positions that are not consecutive
 runs, the soft cap, mask_fill, a keep mask, weights: ``unsupported`` says
 which. Every product is IEEE (no TF32).
 
@@ -127,7 +127,9 @@ class Triton(Kernel):
     def unsupported(self, spec, call) -> Optional[str]:
         reasons = [
             triton_unavailable(),
-            scheme_unsupported(spec.relative) or self.missing_hooks(spec),
+            scheme_unsupported(spec.relative)
+            or self.missing_hooks(spec)
+            or table_rows_unsupported(spec.relative, call.dtype),
             positions_unsupported(call),
             None if spec.softcap is None else "triton has no soft cap (SOFTCAP-1)",
             None if spec.mask_fill is None else "triton gives disallowed keys weight 0 only, no mask_fill (MASK-6)",
@@ -148,10 +150,28 @@ class Triton(Kernel):
         return self.unsupported(spec, call)
 
 
-#: The most table rows (Shaw 2k + 1, Huang 2M + 1 with its zero rows) a program holds: its (BM, R) table logits
-#: and per-row weight sums pad R to a power of two, 256 at most (sm_90, bfloat16, 64 x 64 blocks: 128 KiB of
-#: shared memory at R = 129, ``compile_program``).
-MAX_TABLE_ROWS = 255
+#: The most table rows (Shaw 2k + 1, Huang 2M + 1 with its zero rows) a program holds, by input dtype: its (BM, R)
+#: table logits and per-row weight sums pad R to a power of two. Shared memory at R = 129 .. 255 (256 padded), d =
+#: 64, ``compile_program``, forward / dq / dk-dv: sm_80 float16 64 x 64 blocks 128 / 128 / 145 KiB, sm_80
+#: float32 32 x 32 96 / 160 / 112 KiB (the limit 163), sm_90 float64 32 x 32 192 / 193 / 401 KiB (over the
+#: 227 KiB limit; at 64 padded rows 104 / 144 / 202).
+MAX_TABLE_ROWS = {torch.float64: 63}
+DEFAULT_MAX_TABLE_ROWS = 255
+
+
+def table_rows_unsupported(scheme, dtype) -> Optional[str]:
+    """Why the scheme's tables have more rows than the programs hold in ``dtype``, or None."""
+    module = None if scheme is None else schemes.module_for(scheme)
+    if not hasattr(module, "fused_rows"):
+        return None
+    rows, limit = module.fused_rows(scheme), MAX_TABLE_ROWS.get(dtype, DEFAULT_MAX_TABLE_ROWS)
+    if rows <= limit:
+        return None
+    return (
+        f"triton holds each query block's logits against every table row: {type(scheme).__name__}'s {rows} rows "
+        f"exceed the {limit} it holds for {str(dtype).removeprefix('torch.')} inputs (MAX_TABLE_ROWS; the tiles "
+        "and flex kernels take any table)"
+    )
 
 
 def scheme_unsupported(scheme) -> Optional[str]:
@@ -163,14 +183,7 @@ def scheme_unsupported(scheme) -> Optional[str]:
     module = schemes.module_for(scheme)
     if hasattr(module, "fused_tables"):
         hook = getattr(module, "fused_unsupported", None)
-        reason = None if hook is None else hook(scheme)
-        rows = module.fused_rows(scheme)
-        if reason is None and rows > MAX_TABLE_ROWS:
-            reason = (
-                f"triton holds each query block's logits against every table row: {type(scheme).__name__}'s "
-                f"{rows} rows exceed MAX_TABLE_ROWS = {MAX_TABLE_ROWS} (the tiles and flex kernels take any table)"
-            )
-        return reason
+        return None if hook is None else hook(scheme)
     if scheme.hooks == {"bias"} and (hasattr(module, "distance_bias") or hasattr(module, "fused_pair_table")):
         return None
     return (
