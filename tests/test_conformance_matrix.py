@@ -62,6 +62,10 @@ CLI_ONLY = {
     "torch:triton": ALL,
     # Pallas's interpret mode: tests/test_jax_pallas.py checks the kernel here
     "jax:pallas": ALL,
+    # the rings run in processes of their own (8 host devices; 4 gloo ranks): tests/test_jax_ring.py and
+    # tests/test_torch_ring.py check them against the reference (pytest -m ring)
+    "jax:ring": ALL,
+    "torch:ring": ALL,
     # the outside RoPE and bias adapters: each library's own tests here (tests/test_*rope*.py,
     # tests/test_*bias_libs.py) check it against the reference; its cells run in `python -m conformance run`
     # (keras-hub and Gemma are installed by .ci/run alone)

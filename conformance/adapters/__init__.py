@@ -26,6 +26,8 @@ BUILTIN = {
     "jax:xla": "conformance.adapters.jax_impl_adapter:JaxXlaAdapter",
     "jax:tiles": "conformance.adapters.jax_impl_adapter:JaxTilesAdapter",
     "jax:pallas": "conformance.adapters.jax_impl_adapter:JaxPallasAdapter",
+    "jax:ring": "conformance.adapters.ring:JaxRingAdapter",
+    "torch:ring": "conformance.adapters.ring:TorchRingAdapter",
     "torch-sdpa": "conformance.adapters.torch_sdpa:TorchSDPAAdapter",
     "torch-mha": "conformance.adapters.torch_mha:TorchMHAAdapter",
     "jax-nn": "conformance.adapters.jax_nn:JaxNNAdapter",
@@ -77,8 +79,13 @@ EXTENDED = {
     "and dtype, about 3 more minutes on 2 cores; tests/test_jax_pallas.py checks it against the reference "
     "(pytest -m fused)",
     "torch:triton": "the fused Triton programs run in Triton's interpreter where no CUDA device is present (when the "
-    "triton extra is installed): about 2 more minutes on 2 cores; tests/test_torch_triton.py checks them against "
+    "triton extra is installed): about 3 more minutes on 2 cores; tests/test_torch_triton.py checks them against "
     "the reference (pytest -m fused)",
+    "jax:ring": "the JAX ring runs in a process of 8 host devices and compiles a sharded program per case and dtype "
+    "(forward and gradients), about 2 s each on 2 cores; tests/test_jax_ring.py checks it against the reference "
+    "(pytest -m ring)",
+    "torch:ring": "the PyTorch ring runs over 4 gloo processes; tests/test_torch_ring.py checks it against the "
+    "reference (pytest -m ring)",
 }
 
 

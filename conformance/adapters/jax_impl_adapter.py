@@ -122,19 +122,7 @@ class JaxImplAdapter(_jax.JaxAdapter):
     def _arguments(self, params, inputs, device):
         """(params, called, other, omitted) as jax arrays: the inputs the call passes (key and value
         left out where the case omits them) and the names it omits."""
-        x = inputs["query"]
-        # A vjp call carries explicit copies (of the query for self-attention, of the key for an
-        # omitted value); recognising them lets the forward and the gradients of a case share one
-        # compiled program.
-        key = inputs.get("key", x)
-        value = inputs.get("value", key)
-        if "key" not in inputs or (np.array_equal(key, x) and np.array_equal(value, x)):
-            omitted = ("key", "value")
-        elif "value" not in inputs or np.array_equal(value, key):
-            omitted = ("value",)
-        else:
-            omitted = ()
-        inputs = {**inputs, "key": key, "value": value}
+        omitted, inputs = omitted_inputs(inputs)
         p = {n: _jax.to_jax(a, device) for n, a in params.items()}
         called = {n: _jax.to_jax(inputs[n], device) for n in DIFF_INPUTS if n in inputs and n not in omitted}
         other = {n: _jax.to_jax(a, device) for n, a in inputs.items() if n not in DIFF_INPUTS}
@@ -171,6 +159,23 @@ class JaxImplAdapter(_jax.JaxAdapter):
 
         m = jax_impl.MultiHeadAttention(spec, rngs=nnx.Rngs(0), dtype=params["wq"].dtype)
         return m.load_canonical({n: np.asarray(a) for n, a in params.items()}).canonical_params()
+
+
+def omitted_inputs(inputs: dict) -> tuple:
+    """(omitted, inputs): the names of key and value a case's forward omits (SHAPE-2), and the inputs with
+    explicit key and value. A vjp call carries explicit copies (of the query for self-attention, of the key
+    for an omitted value); recognising them lets the forward and the gradients of a case share one compiled
+    program."""
+    x = inputs["query"]
+    key = inputs.get("key", x)
+    value = inputs.get("value", key)
+    if "key" not in inputs or (np.array_equal(key, x) and np.array_equal(value, x)):
+        omitted = ("key", "value")
+    elif "value" not in inputs or np.array_equal(value, key):
+        omitted = ("value",)
+    else:
+        omitted = ()
+    return omitted, {**inputs, "key": key, "value": value}
 
 
 def _explicit(called: dict, omitted: tuple) -> dict:
