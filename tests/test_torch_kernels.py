@@ -421,7 +421,8 @@ CUDA_CHOICES = [
         "triton",
     ),
     (AttentionSpec(2, 3, relative=Shaw(2), causal=True), {"causal": True, "q_positions": torch.arange(5) * 2}, "tiles"),
-    (AttentionSpec(2, 3, relative=Huang(4)), {}, "tiles"),
+    (AttentionSpec(2, 3, relative=Huang(4)), {}, "triton"),
+    (AttentionSpec(2, 3, relative=Huang(128)), {}, "tiles"),  # 257 rows: past MAX_TABLE_ROWS
     (AttentionSpec(2, 3, relative=Shaw(2), softcap=3.0), {}, "tiles"),
     (AttentionSpec(2, 3, relative=Shaw(2)), {"return_weights": True}, "tiles"),
 ]
@@ -431,7 +432,8 @@ CUDA_CHOICES = [
 def test_on_cuda_the_automatic_choice_takes_triton_for_what_it_fuses(spec, kw, expected):
     """KERN-1: for CUDA tensors (a call whose device is cuda, with Triton compiling rather than interpreting)
     the automatic choice takes triton after sdpa (which takes ALiBi, T5 and RoPE as a bias or a rotation): Shaw,
-    with a run of positions too; not at strided positions, nor Huang, a soft cap or returned weights (tiles)."""
+    with a run of positions too, and Huang; not at strided positions, nor a table past MAX_TABLE_ROWS, a soft cap or
+    returned weights (tiles)."""
     from torch_impl.kernels import fused
 
     call = Call(2, 5, 5, torch.device("cuda"), **kw)
