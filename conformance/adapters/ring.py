@@ -278,6 +278,7 @@ def _jax_program(spec, n, precision, lengths, omitted):
     from jax.sharding import Mesh
 
     import jax_impl
+    from jax_impl.masking import as4d
 
     from .jax_impl_adapter import _explicit
 
@@ -291,7 +292,7 @@ def _jax_program(spec, n, precision, lengths, omitted):
         bias = diff.get("bias")
         if bias is not None:
             widths = bias_padding(bias.shape, Lq, Lk, Lq2, Lk2)
-            bias = jnp.pad(bias.reshape((1,) * (4 - bias.ndim) + bias.shape), widths)
+            bias = jnp.pad(as4d(bias), widths)
         with jax.default_matmul_precision(precision):
             out = jax_impl.ring_attention(
                 spec, params, rows(diff["query"], Lq2), rows(diff.get("key"), Lk2), rows(diff.get("value"), Lk2),
@@ -362,6 +363,7 @@ def _torch_handle(rank, groups, kind, spec, params, inputs, grad_out, n):
     import torch.nn.functional as F
 
     import torch_impl
+    from torch_impl._core import as_4d
     from torch_impl.ring import shard_tokens
 
     if rank >= n:
@@ -386,7 +388,7 @@ def _torch_handle(rank, groups, kind, spec, params, inputs, grad_out, n):
     if "bias" in leaves:
         b = leaves["bias"]
         widths = bias_padding(tuple(b.shape), Lq, Lk, Lq2, Lk2)
-        b4 = F.pad(b.reshape((1,) * (4 - b.dim()) + tuple(b.shape)), [w for pair in reversed(widths) for w in pair])
+        b4 = F.pad(as_4d(b), [w for pair in reversed(widths) for w in pair])
         kw["bias"] = b4[:, :, tq] if b4.shape[2] == Lq2 else b4
     group = groups[n]
     out = torch_impl.ring_attention(
