@@ -23,9 +23,19 @@ at 0, so that nothing of it reaches a gradient.
 
 ``layout="zigzag"`` (BLOCK-5) puts the tokens in the load-balanced causal
 order before sharding (shard r: chunks r and 2n - 1 - r of 2n) with their
-positions, and puts the output back in token order. Differentiable: JAX
-differentiates through ``shard_map`` and ``ppermute``. Axis legend (AXES-1):
-B, H, Lq, Lk, D, d; n shards, Ls = L / n per shard.
+positions, and puts the output back in token order.
+
+Differentiable, with a VJP of its own for the ring (BLOCK-6): from the
+final (m, l) and output of each row, a second ring passes the key/value
+blocks round with their gradients; each shard recomputes its queries'
+logits against the block it holds, takes the pairs' final weights and the
+row sums ``d_o . o``, and adds the block's key and value gradients to those
+travelling with it, which arrive home after n steps. No step's residuals
+are kept (the forward stores its inputs and the row statistics only), and
+XLA compiles about half the program that JAX's differentiation of the
+forward's scan gives. The projections, the q/k transform and the dead keys
+around the ring are differentiated by JAX. Axis legend (AXES-1): B, H, Lq,
+Lk, D, d; n shards, Ls = L / n per shard.
 """
 
 from __future__ import annotations
@@ -46,6 +56,8 @@ from .kernels.xla import block_logits
 from .masking import allowed_keys, as4d, dead_keys, distance, dropout, positions, stat_dtype
 
 LAYOUTS = ("contiguous", "zigzag")
+#: The projections' parameters (PROJ-1, OUT-1); the others are the scheme's tables.
+PROJECTIONS = ("wq", "wk", "wv", "wo", "bq", "bk", "bv", "bo")
 
 
 def zigzag_order(L: int, n: int) -> np.ndarray:
@@ -139,23 +151,81 @@ def _shard(spec: AttentionSpec, axis_name: str, n: int, pair_names: list, params
     v = split(project(value, p["wv"], p.get("bv")), Hkv)  # (B, Hkv, Ls, dv)
     if hooks.qk_transform is not None:  # REL-3 (1): per token, at its global position
         q, k = hooks.qk_transform(p, q, k, q_pos, k_pos)
-    stat = stat_dtype(q.dtype)
-    B, _, Ls, _ = q.shape
-    m = jnp.full((B, H, Ls), -jnp.inf, stat)
-    l_sum = jnp.zeros((B, H, Ls), stat)
-    o = jnp.zeros((B, H, Ls, v.shape[-1]), stat)
+    tables = {name: a for name, a in p.items() if name not in PROJECTIONS}  # the scheme's parameters
+    bias = {"bias": pairs["bias"]} if "bias" in pairs else {}  # the one per-pair input with a gradient (GRAD-3)
+    fixed = (q_pos, k_pos, k_index, {name: a for name, a in pairs.items() if name != "bias"})
+    attend = _ring(spec, axis_name, n, hooks)
+    o = attend(q, k, v, tables, bias, fixed).astype(q.dtype)
+    return project(merge(o), p["wo"], p.get("bo"))  # OUT-1
+
+
+def _ring(spec: AttentionSpec, axis_name: str, n: int, hooks):
+    """The ring over one shard's projected heads: ``attend(q, k, v, tables, bias, fixed)`` -> its normalised
+    output (B, H, Ls, dv) in the stat dtype, with a VJP of its own (BLOCK-6): a second ring from the final
+    statistics, not JAX's differentiation of the first (which keeps every step's residuals)."""
     ring = [(i, (i + 1) % n) for i in range(n)]
 
-    def step(carry, _):  # fold the held block in, pass it on: one program for any n (lax.scan)
-        stats, block = carry
-        stats = _fold(spec, p, hooks, pairs, q, q_pos, *block, *stats)
-        return (stats, jax.lax.ppermute(block, axis_name, ring)), None
+    def forward(q, k, v, tables, bias, fixed):
+        q_pos, k_pos, k_index, pairs = fixed
+        pairs = {**pairs, **bias}
+        stat = stat_dtype(q.dtype)
+        B, H, Ls, _ = q.shape
+        m = jnp.full((B, H, Ls), -jnp.inf, stat)
+        l_sum = jnp.zeros((B, H, Ls), stat)
+        o = jnp.zeros((B, H, Ls, v.shape[-1]), stat)
 
-    ((m, l_sum, o), block), _ = jax.lax.scan(step, ((m, l_sum, o), (k, v, k_pos, k_index)), length=n - 1)
-    m, l_sum, o = _fold(spec, p, hooks, pairs, q, q_pos, *block, m, l_sum, o)  # the last block: nothing to pass on
-    # BLOCK-4: one division by the denominator; MASK-5: a row with no allowed key (l = 0, o = 0) stays exactly 0
-    o = jnp.where(l_sum[..., None] > 0, o / jnp.where(l_sum > 0, l_sum, 1.0)[..., None], 0.0).astype(q.dtype)
-    return project(merge(o), p["wo"], p.get("bo"))  # OUT-1
+        def step(carry, _):  # fold the held block in, pass it on: one program for any n (lax.scan)
+            stats, block = carry
+            stats = _fold(spec, tables, hooks, pairs, q, q_pos, *block, *stats)
+            return (stats, jax.lax.ppermute(block, axis_name, ring)), None
+
+        ((m, l_sum, o), block), _ = jax.lax.scan(step, ((m, l_sum, o), (k, v, k_pos, k_index)), length=n - 1)
+        m, l_sum, o = _fold(spec, tables, hooks, pairs, q, q_pos, *block, m, l_sum, o)  # the last: not passed on
+        # BLOCK-4: one division by the denominator; MASK-5: a row with no allowed key (l = 0, o = 0) stays 0
+        o = jnp.where(l_sum[..., None] > 0, o / jnp.where(l_sum > 0, l_sum, 1.0)[..., None], 0.0)
+        return o, (q, k, v, tables, bias, fixed, o, m, l_sum)
+
+    def backward(residuals, d_o):
+        q, k, v, tables, bias, fixed, o, m, l_sum = residuals
+        q_pos, _, _, pairs = fixed
+        stat = stat_dtype(q.dtype)
+        d_o = d_o.astype(stat)
+        # BLOCK-6: each row's sum over every key of w_ij dL/dw_ij, which is d_o . o (o holds the value term)
+        rows = jnp.sum(d_o * o, axis=-1)
+        shift = jnp.where(jnp.isfinite(m), m, 0.0)
+        scale = jnp.where(l_sum > 0, 1.0 / jnp.where(l_sum > 0, l_sum, 1.0), 0.0)  # 1 / l, 0 for an empty row
+        up = functools.partial(jax.tree.map, lambda a: a.astype(stat))
+
+        def pulled(diff, kb, vb, k_pos, k_index):
+            """The block's share: the gradient of <d_o, o_J> - sum_ij rows_i w_ij, w the final weights."""
+
+            def share(diff, kb, vb):
+                qs, tab, b = diff
+                z, counted, x = _block_logits(spec, tab, hooks, {**pairs, **b}, qs, q_pos, kb, vb, k_pos, k_index)
+                e = jnp.where(counted, jnp.exp(jnp.where(counted, z - shift[..., None], 0.0)), 0.0)
+                w = e * scale[..., None]  # the final weights of the block's keys (SOFTMAX-1)
+                o_block = _block_values(spec, tab, hooks, x, counted, w)
+                return jnp.sum(d_o * o_block) - jnp.sum(w * rows[..., None])
+
+            return jax.grad(share, argnums=(0, 1, 2))(diff, up(kb), up(vb))
+
+        def step(carry, _):
+            acc, (kb, vb, k_pos, k_index, d_kb, d_vb) = carry
+            g, g_k, g_v = pulled(diff, kb, vb, k_pos, k_index)
+            acc = jax.tree.map(jnp.add, acc, g)
+            block = (kb, vb, k_pos, k_index, d_kb + g_k, d_vb + g_v)
+            return (acc, jax.lax.ppermute(block, axis_name, ring)), None  # after n steps each block is home
+
+        diff = up((q, tables, bias))
+        zeros = functools.partial(jax.tree.map, jnp.zeros_like)
+        start = (zeros(diff), (k, v, fixed[1], fixed[2], zeros(up(k)), zeros(up(v))))
+        ((d_q, d_tables, d_bias), block), _ = jax.lax.scan(step, start, length=n)
+        down = functools.partial(jax.tree.map, lambda g, a: g.astype(a.dtype))
+        return down(d_q, q), down(block[4], k), down(block[5], v), down(d_tables, tables), down(d_bias, bias), None
+
+    attend = jax.custom_vjp(lambda q, k, v, tables, bias, fixed: forward(q, k, v, tables, bias, fixed)[0])
+    attend.defvjp(forward, backward)
+    return attend
 
 
 def _stat_key_term(hooks, stat):
@@ -184,38 +254,47 @@ def _dead_keys(spec, axis_name, pairs, q_pos, all_k_pos, k_index):
     return jnp.take_along_axis(seen, k_index, axis=1) == 0
 
 
-def _fold(spec, params, hooks, pairs, q, q_pos, k, v, k_pos, k_index, m, l_sum, o):
-    """BLOCK-2 for this shard's queries against one key block, folded into the running (m, l, o) by BLOCK-3."""
+def _block_logits(spec, params, hooks, pairs, q, q_pos, k, v, k_pos, k_index):
+    """BLOCK-1, BLOCK-2: the logits (B, H, Ls, Lb) of this shard's queries against one key block, from the global
+    positions, in the stat dtype; the pairs that count (MASK-4; under MASK-6 every pair, the disallowed ones at
+    the fill); the block's ``Inputs`` (its distances, its columns of the bias and the keep mask)."""
     delta = distance(q_pos, k_pos)  # POS-2 from the global positions (BLOCK-1)
     cols = {name: jnp.take_along_axis(a, _columns(k_index, a), axis=-1) for name, a in pairs.items()}
     allowed = allowed_keys(spec, delta, cols.get("mask"), cols.get("bias"))  # MASK-4
     x = Inputs(q, k, v, q_pos, k_pos, delta, allowed, cols.get("bias"), cols.get("keep"))
-    z = block_logits(spec, params, x, hooks)  # (B, H, Ls, Lb) in the stat dtype
+    z = block_logits(spec, params, x, hooks)
     counted = jnp.ones(z.shape, bool) if allowed is None else jnp.broadcast_to(allowed, z.shape)
     if spec.mask_fill is not None:  # MASK-6: every key counts, the disallowed ones at the fill
         z, counted = jnp.where(counted, z, spec.mask_fill), jnp.ones(z.shape, bool)
-    # the running maximum is differentiated: its gradient paths cancel in exact arithmetic, and what they leave
-    # keeps each row's logit gradients summing to 0 (measured over the catalog: without them T5's float32 table
-    # gradient, a sum over a bucket of many pairs, was 5.9e-7 off against a budget of 5.0e-7)
-    m_block = jnp.max(jnp.where(counted, z, -jnp.inf), axis=-1)
-    m_new = jnp.maximum(m, m_block)
+    return z, counted, x
+
+
+def _block_values(spec, params, hooks, x, counted, e):
+    """sum_j w'_ij v_j plus the value term of w' = dropout(e) (HEAD-3, HEAD-4, DROP-1, DROP-4, REL-3 (4)), in
+    e's dtype (the stat dtype, PREC-4: the weights are not rounded to a 16-bit input's dtype, whose rounding the
+    gradient of a cancelling sum, a table row every key shares, would not undo)."""
+    dropped = dropout(e, x.dropout_keep, spec.dropout)  # DROP-1 on the weights (linear)
+    live = jnp.any(counted, axis=(1, 2))[:, None, :, None]  # MASK-7 per block: (B, 1, Lb, 1)
+    v_live = jnp.where(live, x.v, 0).astype(x.v.dtype)
+    add = weighted_values(dropped, v_live.astype(e.dtype))
+    if hooks.value_term is not None:  # REL-3 (4): from the weights after dropout (DROP-4)
+        table = {**params, "rel_v": params["rel_v"].astype(e.dtype)}  # in the stat dtype too, like the weights
+        add = add + hooks.value_term(table, dropped, x.delta).astype(e.dtype)
+    return add
+
+
+def _fold(spec, params, hooks, pairs, q, q_pos, k, v, k_pos, k_index, m, l_sum, o):
+    """BLOCK-2 for this shard's queries against one key block, folded into the running (m, l, o) by BLOCK-3."""
+    z, counted, x = _block_logits(spec, params, hooks, pairs, q, q_pos, k, v, k_pos, k_index)
+    m_new = jnp.maximum(m, jnp.max(jnp.where(counted, z, -jnp.inf), axis=-1))
     shift = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
     # weights relative to the new maximum; a pair that does not count is exponentiated at 0, not at its logit, so
-    # that a NaN or an overflow there (a poisoned dead key, MASK-7) reaches no gradient through the where
-    z = jnp.where(counted, z - shift[..., None], 0.0)
-    e = jnp.where(counted, jnp.exp(z), 0.0)
-    dropped = dropout(e, x.dropout_keep, spec.dropout)  # DROP-1 on the unnormalised weights (linear)
-    live = jnp.any(counted, axis=(1, 2))[:, None, :, None]  # MASK-7 per block: (B, 1, Lb, 1)
-    v_live = jnp.where(live, v, 0).astype(v.dtype)
-    # HEAD-3, HEAD-4 in the stat dtype (PREC-4): the weights are not rounded to a 16-bit input's dtype, whose
-    # rounding the gradient of a cancelling sum (a table row every key shares) would not undo
-    add = weighted_values(dropped, v_live.astype(o.dtype))
-    if hooks.value_term is not None:  # REL-3 (4): from the weights after dropout (DROP-4)
-        table = {**params, "rel_v": params["rel_v"].astype(o.dtype)}  # in the stat dtype too, like the weights
-        add = add + hooks.value_term(table, dropped, delta).astype(o.dtype)
+    # that a NaN or an overflow there (a poisoned dead key, MASK-7) reaches nothing
+    e = jnp.where(counted, jnp.exp(jnp.where(counted, z - shift[..., None], 0.0)), 0.0)
     alpha = jnp.exp(jnp.where(jnp.isfinite(m), m, -jnp.inf) - shift)  # 0 while a row has had no allowed key
     l_new = l_sum * alpha + jnp.sum(e, axis=-1)
-    return m_new, l_new, o * alpha[..., None] + add  # o unnormalised (BLOCK-2): divided once, at the end
+    o_new = o * alpha[..., None] + _block_values(spec, params, hooks, x, counted, e).astype(o.dtype)
+    return m_new, l_new, o_new  # o unnormalised (BLOCK-2): divided once, at the end
 
 
 def _columns(k_index, a):

@@ -11,7 +11,7 @@ from spec import SPEC_VERSION
 
 from . import definition
 from .backward import attention_vjp
-from .blockwise import attention_blockwise
+from .blockwise import attention_blockwise, attention_blockwise_vjp
 from .forward import attention
 from .params import identity_params, init_params
 from .schemes.rope import apply_rope
@@ -21,6 +21,7 @@ __all__ = [
     "attention",
     "attention_vjp",
     "attention_blockwise",
+    "attention_blockwise_vjp",
     "apply_rope",
     "t5_buckets",
     "init_params",

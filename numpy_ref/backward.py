@@ -8,6 +8,8 @@ Rules GRAD-1..GRAD-3.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 from spec import AttentionSpec
@@ -37,15 +39,26 @@ def backward(spec: AttentionSpec, trace: Trace, grad_out: np.ndarray) -> dict:
     The scheme's hooks are differentiated in the reverse of the REL-3 order:
     value term, bias, key-side term, key term, q/k transform.
     """
+    # OUT-1: out = merged @ wo + bo
+    d_merged, d_wo, d_bo = _project_vjp(trace.merged, trace.call.params["wo"], grad_out)
+    grads = backward_heads(spec, trace, split_heads(d_merged, spec.num_heads))  # HEAD-2 inverse
+    grads["wo"] = d_wo
+    if spec.bias:
+        grads["bo"] = d_bo
+    return grads
+
+
+def backward_heads(spec: AttentionSpec, trace: Trace, d_o: np.ndarray, rows: Optional[np.ndarray] = None) -> dict:
+    """The VJP of ``forward.run`` from the gradient of each head's output ``d_o`` (B, H, Lq, dv) back, OUT-1
+    excluded: every input gradient and every parameter's but wo's and bo's.
+
+    ``rows`` (B, H, Lq), when given, stands for each row's sum_j w_ij dL/dw_ij in the softmax's VJP: a block of
+    keys differentiated alone takes the whole row's sum there (BLOCK-6); by default the trace's own.
+    """
     call = trace.call
     p = call.params
-    H = spec.num_heads
     hooks, saved = trace.hooks, trace.saved
     grads: dict = {}
-
-    # OUT-1: out = merged @ wo + bo
-    d_merged, grads["wo"], dbo = _project_vjp(trace.merged, p["wo"], grad_out)
-    d_o = split_heads(d_merged, H)  # HEAD-2 inverse, (B, H, Lq, dv)
 
     # o = w' @ v  (+ REL-3 (4): the value term of w')
     d_dropped = d_o @ trace.v.swapaxes(-1, -2)  # (B, H, Lq, Lk)
@@ -61,7 +74,7 @@ def backward(spec: AttentionSpec, trace: Trace, grad_out: np.ndarray) -> dict:
         d_weights = np.where(call.dropout_keep, d_dropped / (1.0 - spec.dropout), 0.0)
 
     # SOFTMAX-1 with MASK-5/6: constants at disallowed keys (GRAD-2)
-    d_logits = masked_softmax_vjp(trace.weights, trace.allowed, d_weights)
+    d_logits = masked_softmax_vjp(trace.weights, trace.allowed, d_weights, rows)
 
     # BIAS-1: added unscaled; REL-3 (3): so is the scheme's bias
     if call.bias is not None:
@@ -104,8 +117,6 @@ def backward(spec: AttentionSpec, trace: Trace, grad_out: np.ndarray) -> dict:
         grads[{"q": "query", "k": "key", "v": "value"}[name]] = dx
         if spec.bias:
             grads["b" + name] = db
-    if spec.bias:
-        grads["bo"] = dbo
     return grads
 
 
@@ -134,31 +145,43 @@ def attention_vjp(
     canonical parameter name. Masks, positions and keep masks have no
     gradient (GRAD-3).
     """
-    for name, x in (("key", key), ("value", value)):
-        if x is None:
-            raise fail_value(
-                name,
-                "an array (attention_vjp has no self-attention default; pass the query again and add the gradients)",
-                "None",
-            )
-    call = prepare(
+    call, g = prepare_vjp(
+        "attention_vjp",
         spec,
         params,
         query,
         key,
         value,
+        grad_out,
         mask=mask,
         bias=bias,
         q_positions=q_positions,
         k_positions=k_positions,
         dropout_keep=dropout_keep,
     )
+    return in_order(spec, backward(spec, run(spec, call), g), bias is not None)
+
+
+def in_order(spec: AttentionSpec, grads: dict, with_bias: bool) -> dict:
+    """The gradients by name in the order of ``attention_vjp``'s result."""
+    order = ["query", "key", "value"] + (["bias"] if with_bias else []) + list(spec.param_shapes())
+    return {name: grads[name] for name in order}
+
+
+def prepare_vjp(function: str, spec: AttentionSpec, params: dict, query, key, value, grad_out, **inputs):
+    """The checked call of a VJP (``attention``'s checks, key and value required) and grad_out in float64."""
+    for name, x in (("key", key), ("value", value)):
+        if x is None:
+            raise fail_value(
+                name,
+                f"an array ({function} has no self-attention default; pass the query again and add the gradients)",
+                "None",
+            )
+    call = prepare(spec, params, query, key, value, **inputs)
     g = describe(grad_out)
     expected = (call.dims.B, call.dims.Lq, spec.model_dim)
     if g is None or g.kind != "float":
         raise fail_type("grad_out", "a floating-point array", "None" if g is None else f"dtype {g.dtype}")
     if g.shape != expected:
         raise fail_value("grad_out", f"shape (B, Lq, D) = {expected}", g.shape)
-    grads = backward(spec, run(spec, call), np.asarray(grad_out).astype(np.float64))
-    order = ["query", "key", "value"] + (["bias"] if bias is not None else []) + list(spec.param_shapes())
-    return {name: grads[name] for name in order}
+    return call, np.asarray(grad_out).astype(np.float64)

@@ -20,8 +20,9 @@ import numpy as np
 from spec import AttentionSpec
 
 from ._inputs import Call, prepare
-from .forward import project, run
-from .heads import merge_heads
+from .backward import _project_vjp, backward_heads, in_order, prepare_vjp
+from .forward import Trace, project, run
+from .heads import merge_heads, split_heads
 
 
 def key_split(key_blocks, Lk: int) -> list:
@@ -65,12 +66,12 @@ def block_call(call: Call, J: np.ndarray) -> Call:
     )
 
 
-def block_statistics(spec: AttentionSpec, call: Call) -> tuple:
+def block_statistics(spec: AttentionSpec, call: Call, trace: Optional[Trace] = None) -> tuple:
     """BLOCK-2: (m, l (B, H, Lq), o (B, H, Lq, dv)) of one block's call: the largest allowed logit (-inf for a
     row without one; with ``mask_fill`` every logit counts, the disallowed ones filled, MASK-6), the sum of
     exp(z - m) over them (0 for a row without one), and the block's own normalised output per head (0 for a
-    row without an allowed key, MASK-5)."""
-    trace = run(spec, call)
+    row without an allowed key, MASK-5). ``trace``: the block's forward pass, when already run."""
+    trace = run(spec, call) if trace is None else trace
     if spec.mask_fill is not None:
         z, counted = np.where(trace.allowed, trace.logits, spec.mask_fill), np.ones_like(trace.allowed)
     else:
@@ -86,15 +87,21 @@ def combine(stats: list) -> tuple:
     """BLOCK-3: [(m_J, l_J, o_J)] -> (m, l, o): m = max_J m_J, c_J = l_J exp(m_J - m), l = sum_J c_J,
     o = sum_J (c_J / l) o_J; a row whose every block is empty gets m = -inf, l = 0 and o = 0 exactly (MASK-5),
     never NaN."""
+    m, total, weights = block_weights(stats)
+    o = sum(w[..., None] * s[2] for w, s in zip(weights, stats))
+    return m, total, o
+
+
+def block_weights(stats: list) -> tuple:
+    """BLOCK-3: (m, l, [c_J / l]): the combined maximum and denominator and each block's share of every row
+    (0 for all when every block is empty)."""
     m_all = np.stack([s[0] for s in stats])  # (n, B, H, Lq)
     m = m_all.max(axis=0)
     shift = np.where(np.isfinite(m), m, 0.0)
     c = np.stack([s[1] for s in stats]) * np.exp(m_all - shift)  # exp(-inf) = 0 for an empty block
     total = c.sum(axis=0)
     empty = total == 0
-    weights = np.where(empty, 0.0, c / np.where(empty, 1.0, total))
-    o = sum(w[..., None] * s[2] for w, s in zip(weights, stats))
-    return m, total, o
+    return m, total, list(np.where(empty, 0.0, c / np.where(empty, 1.0, total)))
 
 
 def attention_blockwise(
@@ -132,3 +139,67 @@ def attention_blockwise(
     blocks = [J for J in key_split(key_blocks, call.dims.Lk) if len(J)]
     _, _, o = combine([block_statistics(spec, block_call(call, J)) for J in blocks])
     return project(merge_heads(o), call.params["wo"], call.params.get("bo"))  # OUT-1
+
+
+def attention_blockwise_vjp(
+    spec: AttentionSpec,
+    params: dict,
+    query,
+    key,
+    value,
+    grad_out,
+    *,
+    key_blocks,
+    mask=None,
+    bias=None,
+    q_positions=None,
+    k_positions=None,
+    dropout_keep=None,
+) -> dict:
+    """The gradients of ``attention_blockwise`` block by block (BLOCK-6), in float64.
+
+    Same arguments and result as ``numpy_ref.attention_vjp``, plus ``key_blocks`` (as in
+    ``attention_blockwise``). Each block's gradients come from its own call's backward pass, given the
+    combined statistics only: its share a_J = c_J / l of each row (BLOCK-3) and the row sum
+    ``rows = d_o . o`` of the whole output. Equals ``attention_vjp`` for every split up to rounding.
+    """
+    call, g = prepare_vjp(
+        "attention_blockwise_vjp",
+        spec,
+        params,
+        query,
+        key,
+        value,
+        grad_out,
+        mask=mask,
+        bias=bias,
+        q_positions=q_positions,
+        k_positions=k_positions,
+        dropout_keep=dropout_keep,
+    )
+    Lk = call.dims.Lk
+    blocks = [J for J in key_split(key_blocks, Lk) if len(J)]
+    traces = [run(spec, block_call(call, J)) for J in blocks]
+    stats = [block_statistics(spec, t.call, t) for t in traces]
+    _, _, shares = block_weights(stats)
+    o = sum(a[..., None] * s[2] for a, s in zip(shares, stats))  # BLOCK-3
+    merged = merge_heads(o)
+    d_merged, d_wo, d_bo = _project_vjp(merged, call.params["wo"], g)  # OUT-1
+    d_o = split_heads(d_merged, spec.num_heads)
+    rows = (d_o * o).sum(axis=-1)  # BLOCK-6: sum_j w_ij dL/dw_ij over the whole row
+    grads = {"query": np.zeros(call.query.shape), "key": np.zeros(call.key.shape), "value": np.zeros(call.value.shape)}
+    if call.bias is not None:
+        grads["bias"] = np.zeros(call.bias.shape)
+    for J, trace, a in zip(blocks, traces, shares):
+        part = backward_heads(spec, trace, a[..., None] * d_o, rows=a * rows)
+        for name, gj in part.items():
+            if name in ("key", "value"):
+                grads[name][:, J] += gj
+            elif name == "bias" and call.bias.ndim and call.bias.shape[-1] == Lk:
+                grads[name][..., J] += gj
+            else:
+                grads[name] = grads[name] + gj if name in grads else gj
+    grads["wo"] = d_wo
+    if spec.bias:
+        grads["bo"] = d_bo
+    return in_order(spec, grads, bias is not None)

@@ -71,13 +71,19 @@ def masked_softmax(logits: np.ndarray, allowed: np.ndarray, mask_fill: Optional[
     return np.where(denom > 0, e / np.where(denom > 0, denom, 1.0), 0.0)
 
 
-def masked_softmax_vjp(weights: np.ndarray, allowed: np.ndarray, grad_weights: np.ndarray) -> np.ndarray:
+def masked_softmax_vjp(
+    weights: np.ndarray, allowed: np.ndarray, grad_weights: np.ndarray, rows: Optional[np.ndarray] = None
+) -> np.ndarray:
     """The gradient of the logits from the gradient of the weights.
 
     dz = w * (dw - sum_j w dw); a disallowed logit is a constant (MASK-5: -inf,
-    MASK-6: mask_fill), so its gradient is 0 (GRAD-2).
+    MASK-6: mask_fill), so its gradient is 0 (GRAD-2). ``rows`` (the leading
+    axes of ``weights``), when given, is the row sum to use instead of
+    ``sum_j w dw`` (BLOCK-6: a block of keys takes its whole row's).
     """
-    dz = weights * (grad_weights - (weights * grad_weights).sum(axis=-1, keepdims=True))
+    if rows is None:
+        rows = (weights * grad_weights).sum(axis=-1)
+    dz = weights * (grad_weights - rows[..., None])
     return np.where(allowed, dz, 0.0)
 
 

@@ -1,5 +1,7 @@
 """BLOCK-1..BLOCK-4: ``numpy_ref.attention_blockwise`` (every split of the keys, combined by log-sum-exps) equals
-``numpy_ref.attention`` for random calls of every scheme and option; its split and its statistics by hand."""
+``numpy_ref.attention`` for random calls of every scheme and option; its split and its statistics by hand.
+BLOCK-6: ``numpy_ref.attention_blockwise_vjp`` (each block's gradients from the combined statistics alone)
+equals ``numpy_ref.attention_vjp``."""
 
 import numpy as np
 import pytest
@@ -32,6 +34,57 @@ def test_every_split_of_the_keys_gives_the_unsplit_attention(seed):
     want = numpy_ref.attention(*call.args(), **call.kwargs)
     got = numpy_ref.attention_blockwise(*call.args(), key_blocks=random_split(rng, Lk), **call.kwargs)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-12 * max(1.0, np.abs(want).max()))
+
+
+@settings(max_examples=100, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_every_split_of_the_keys_gives_the_unsplit_gradients(seed):
+    """BLOCK-6 over the same random calls: each block differentiated alone, from its share of each row and the
+    row sums d_o . o, gives every gradient of the unsplit backward pass (attention_vjp) to float64 rounding."""
+    call = random_call(seed, max_len=7)
+    rng = np.random.default_rng(seed)
+    g = rng.normal(size=call.query.shape[:2] + (call.spec.model_dim,))
+    want = numpy_ref.attention_vjp(*call.args(), g, **call.kwargs)
+    got = numpy_ref.attention_blockwise_vjp(
+        *call.args(), g, key_blocks=random_split(rng, call.key.shape[1]), **call.kwargs
+    )
+    assert list(got) == list(want)
+    for name in want:
+        scale = max(1.0, np.abs(want[name]).max())
+        np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-11 * scale, err_msg=name)
+
+
+def test_a_block_differentiated_with_its_own_row_sums_is_wrong(monkeypatch):
+    """BLOCK-6: the softmax's VJP of a block needs the whole row's sum_j w_ij dL/dw_ij; the block's own sum (its
+    softmax differentiated alone, blocks then weighted by their shares) misses the shares' own gradient."""
+    import numpy_ref.blockwise as blockwise
+    from numpy_ref.backward import backward_heads
+
+    spec = AttentionSpec(2, 4, relative=Shaw(2))
+    rng = np.random.default_rng(5)
+    params = {n: rng.normal(size=a.shape) for n, a in numpy_ref.init_params(spec, 0).items()}
+    x, g = rng.normal(size=(2, 6, 8)), rng.normal(size=(2, 6, 8))
+    want = numpy_ref.attention_vjp(spec, params, x, x, x, g)
+    got = numpy_ref.attention_blockwise_vjp(spec, params, x, x, x, g, key_blocks=[2, 4])
+    np.testing.assert_allclose(got["query"], want["query"], rtol=0, atol=1e-12)
+    monkeypatch.setattr(
+        blockwise, "backward_heads", lambda spec, trace, d_o, rows=None: backward_heads(spec, trace, d_o)
+    )
+    local = numpy_ref.attention_blockwise_vjp(spec, params, x, x, x, g, key_blocks=[2, 4])
+    assert np.abs(local["query"] - want["query"]).max() > 1e-3
+
+
+def test_the_blockwise_vjp_takes_the_vjp_arguments():
+    """INPUT-1: key and value are required, grad_out is checked, each error names its argument."""
+    spec = AttentionSpec(1, 2)
+    p = numpy_ref.init_params(spec, 0)
+    x = np.zeros((1, 3, 2))
+    with pytest.raises(ValueError, match=r"^key: expected an array \(attention_blockwise_vjp has no self-attention"):
+        numpy_ref.attention_blockwise_vjp(spec, p, x, None, x, x, key_blocks=[3])
+    with pytest.raises(ValueError, match=r"^grad_out: expected shape \(B, Lq, D\) = \(1, 3, 2\), got \(1, 3, 3\)"):
+        numpy_ref.attention_blockwise_vjp(spec, p, x, x, x, np.zeros((1, 3, 3)), key_blocks=[3])
+    with pytest.raises(ValueError, match=r"^key_blocks: expected block sizes >= 0 summing to Lk = 3, got \[2\]"):
+        numpy_ref.attention_blockwise_vjp(spec, p, x, x, x, x, key_blocks=[2])
 
 
 def test_block_sizes_and_local_positions():
