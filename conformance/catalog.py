@@ -1405,14 +1405,15 @@ def _cases() -> list[Case]:
         )
     )
 
-    # ------------------------------------------------------------ blockwise evaluation (BLOCK-1..BLOCK-5)
+    # ------------------------------------------------------------ blockwise evaluation (BLOCK-1..BLOCK-6)
     # The tokens of 2 shards in their load-balanced causal order (chunks 0, 3 | 1, 2) with their global positions,
     # Shaw's value term and a padding mask: a sharded adapter splits the keys (BLOCK-1) and must give every token
-    # the unsharded result; any other adapter computes the same call whole.
+    # the unsharded result, and its gradients (BLOCK-6, a ring's backward); any other adapter computes the call whole.
     add(
         Case(
             "blockwise/self/zigzag-causal-shaw-values-padding",
-            ("BLOCK-1", "BLOCK-2", "BLOCK-3", "BLOCK-4", "BLOCK-5", "POS-1", "POS-2", "CAUSAL-1", "MASK-5") + SHAW,
+            ("BLOCK-1", "BLOCK-2", "BLOCK-3", "BLOCK-4", "BLOCK-5", "BLOCK-6", "POS-1", "POS-2", "CAUSAL-1", "MASK-5")
+            + SHAW,
             AttentionSpec(num_heads=2, head_dim=3, relative=Shaw(3, per_head=True), causal=True),
             Dims(2, 16, 16),
             self_attention=True,

@@ -16,6 +16,7 @@ import numpy as np
 import numpy_ref
 from numpy_ref import blockwise, schemes
 from numpy_ref._inputs import Call, prepare
+from numpy_ref.backward import backward_heads, in_order
 from numpy_ref.forward import context, project
 from numpy_ref.heads import merge_heads, split_heads
 from numpy_ref.masking import allowed_keys, dead_keys, masked_softmax, relative_distance, softcap
@@ -1221,6 +1222,22 @@ class BlockwiseEmptyBlockNaN(_Blockwise):
         return m, total, o
 
 
+class BlockwiseOwnRowSums(_GradientMutant):
+    rule = "BLOCK-6"
+    description = (
+        "gradients block by block (2 blocks of keys), each block's softmax differentiated with its own row sums, "
+        "not the whole row's d_o . o"
+    )
+
+    def vjp(self, spec, params, inputs, grad_out, *, device):
+        kw = {n: inputs.get(n) for n in KWARGS}
+        call = prepare(spec, params, inputs["query"], inputs["key"], inputs["value"], **kw)
+        blocks = np.array_split(np.arange(call.dims.Lk), 2)
+        own = lambda spec, trace, d_o, rows: backward_heads(spec, trace, d_o)  # noqa: E731
+        grads = blockwise.blockwise_backward(spec, call, np.asarray(grad_out, np.float64), blocks, own)
+        return in_order(spec, grads, inputs.get("bias") is not None)
+
+
 class ZigzagPositionsNotMapped(Mutant):
     rule = "BLOCK-5"
     description = "tokens in a load-balanced (zigzag) order read at their local indices: the positions dropped"
@@ -1303,6 +1320,7 @@ MUTANTS = {
         SoftcapAfterBias,
         BlockwiseLocalPositions,
         BlockwiseEmptyBlockNaN,
+        BlockwiseOwnRowSums,
         ZigzagPositionsNotMapped,
         BiasMergedWithMaskByMin,
         SoftcapContentOnly,

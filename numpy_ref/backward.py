@@ -59,19 +59,7 @@ def backward_heads(spec: AttentionSpec, trace: Trace, d_o: np.ndarray, rows: Opt
     p = call.params
     hooks, saved = trace.hooks, trace.saved
     grads: dict = {}
-
-    # o = w' @ v  (+ REL-3 (4): the value term of w')
-    d_dropped = d_o @ trace.v.swapaxes(-1, -2)  # (B, H, Lq, Lk)
-    d_v = trace.dropped.swapaxes(-1, -2) @ d_o  # (B, H, Lk, dv)
-    if hooks.uses("value_term"):
-        d_w, g = hooks.call("value_term_vjp", p, saved["value_term"], d_o)
-        _add_grads(grads, g)
-        d_dropped = d_dropped + d_w
-
-    # DROP-1: w' = w * keep / (1 - p)
-    d_weights = d_dropped
-    if call.dropout_keep is not None:
-        d_weights = np.where(call.dropout_keep, d_dropped / (1.0 - spec.dropout), 0.0)
+    d_weights, d_v = _weights_vjp(spec, trace, d_o, grads)
 
     # SOFTMAX-1 with MASK-5/6: constants at disallowed keys (GRAD-2)
     d_logits = masked_softmax_vjp(trace.weights, trace.allowed, d_weights, rows)
@@ -118,6 +106,29 @@ def backward_heads(spec: AttentionSpec, trace: Trace, d_o: np.ndarray, rows: Opt
         if spec.bias:
             grads["b" + name] = db
     return grads
+
+
+def _weights_vjp(spec: AttentionSpec, trace: Trace, d_o: np.ndarray, grads: dict) -> tuple:
+    """(dL/dw (B, H, Lq, Lk) of the weights before dropout, dL/dv (B, H, Lk, dv)) from each head's output
+    gradient; the value term's table gradients added to ``grads``."""
+    call, hooks = trace.call, trace.hooks
+    # o = w' @ v  (+ REL-3 (4): the value term of w')
+    d_dropped = d_o @ trace.v.swapaxes(-1, -2)  # (B, H, Lq, Lk)
+    d_v = trace.dropped.swapaxes(-1, -2) @ d_o  # (B, H, Lk, dv)
+    if hooks.uses("value_term"):
+        d_w, g = hooks.call("value_term_vjp", call.params, trace.saved["value_term"], d_o)
+        _add_grads(grads, g)
+        d_dropped = d_dropped + d_w
+    # DROP-1: w' = w * keep / (1 - p)
+    if call.dropout_keep is not None:
+        return np.where(call.dropout_keep, d_dropped / (1.0 - spec.dropout), 0.0), d_v
+    return d_dropped, d_v
+
+
+def weight_row_sums(spec: AttentionSpec, trace: Trace, d_o: np.ndarray) -> np.ndarray:
+    """sum_j w_ij dL/dw_ij (B, H, Lq) of a trace's weights, from each head's output gradient (BLOCK-6)."""
+    d_weights, _ = _weights_vjp(spec, trace, d_o, {})
+    return (trace.weights * d_weights).sum(axis=-1)
 
 
 def attention_vjp(

@@ -20,7 +20,7 @@ import numpy as np
 from spec import AttentionSpec
 
 from ._inputs import Call, prepare
-from .backward import _project_vjp, backward_heads, in_order, prepare_vjp
+from .backward import _project_vjp, backward_heads, in_order, prepare_vjp, weight_row_sums
 from .forward import Trace, project, run
 from .heads import merge_heads, split_heads
 
@@ -160,8 +160,10 @@ def attention_blockwise_vjp(
 
     Same arguments and result as ``numpy_ref.attention_vjp``, plus ``key_blocks`` (as in
     ``attention_blockwise``). Each block's gradients come from its own call's backward pass, given the
-    combined statistics only: its share a_J = c_J / l of each row (BLOCK-3) and the row sum
-    ``rows = d_o . o`` of the whole output. Equals ``attention_vjp`` for every split up to rounding.
+    combined statistics only: its share a_J = c_J / l of each row (BLOCK-3) and the row sums
+    sum_j w_ij dL/dw_ij over every key, here summed over the pairs block by block (the unsplit reference's
+    rounding; ``d_o . o`` is the same in exact arithmetic). Equals ``attention_vjp`` for every split up to
+    rounding.
     """
     call, g = prepare_vjp(
         "attention_blockwise_vjp",
@@ -177,21 +179,29 @@ def attention_blockwise_vjp(
         k_positions=k_positions,
         dropout_keep=dropout_keep,
     )
+    grads = blockwise_backward(spec, call, g, key_split(key_blocks, call.dims.Lk))
+    return in_order(spec, grads, bias is not None)
+
+
+def blockwise_backward(spec: AttentionSpec, call: Call, grad_out: np.ndarray, blocks: list, block_backward=None):
+    """BLOCK-6 over the blocks (index arrays) of a prepared call: every gradient by name. ``block_backward(spec,
+    trace, d_o, rows)`` differentiates one block's call (default ``backward_heads``)."""
+    block_backward = backward_heads if block_backward is None else block_backward
     Lk = call.dims.Lk
-    blocks = [J for J in key_split(key_blocks, Lk) if len(J)]
+    blocks = [J for J in blocks if len(J)]
     traces = [run(spec, block_call(call, J)) for J in blocks]
     stats = [block_statistics(spec, t.call, t) for t in traces]
     _, _, shares = block_weights(stats)
     o = sum(a[..., None] * s[2] for a, s in zip(shares, stats))  # BLOCK-3
-    merged = merge_heads(o)
-    d_merged, d_wo, d_bo = _project_vjp(merged, call.params["wo"], g)  # OUT-1
+    d_merged, d_wo, d_bo = _project_vjp(merge_heads(o), call.params["wo"], grad_out)  # OUT-1
     d_o = split_heads(d_merged, spec.num_heads)
-    rows = (d_o * o).sum(axis=-1)  # BLOCK-6: sum_j w_ij dL/dw_ij over the whole row
+    # BLOCK-6: sum_j w_ij dL/dw_ij over the whole row, summed over the pairs (d_o . o rounds otherwise)
+    rows = sum(weight_row_sums(spec, t, a[..., None] * d_o) for t, a in zip(traces, shares))
     grads = {"query": np.zeros(call.query.shape), "key": np.zeros(call.key.shape), "value": np.zeros(call.value.shape)}
     if call.bias is not None:
         grads["bias"] = np.zeros(call.bias.shape)
     for J, trace, a in zip(blocks, traces, shares):
-        part = backward_heads(spec, trace, a[..., None] * d_o, rows=a * rows)
+        part = block_backward(spec, trace, a[..., None] * d_o, a * rows)
         for name, gj in part.items():
             if name in ("key", "value"):
                 grads[name][:, J] += gj
@@ -202,4 +212,4 @@ def attention_blockwise_vjp(
     grads["wo"] = d_wo
     if spec.bias:
         grads["bo"] = d_bo
-    return in_order(spec, grads, bias is not None)
+    return grads

@@ -41,21 +41,31 @@ class NumpyBlockwiseAdapter(NumpyRefAdapter):
     """The reference evaluated over a split of the keys (BLOCK-1..BLOCK-4): every case's keys in ``SHARDS``
     consecutive blocks, each block a call of its own with its keys' global positions and its columns of the
     mask, bias and keep mask, the blocks combined by their maxima and denominators. It certifies
-    ``numpy_ref.attention_blockwise`` against every golden (forward; it has no VJP and returns no weights)."""
+    ``numpy_ref.attention_blockwise`` and ``numpy_ref.attention_blockwise_vjp`` (BLOCK-6) against every golden
+    (it returns no weights)."""
 
     name = "numpy:blockwise"
-    description = "numpy_ref.attention_blockwise: the reference over 3 blocks of keys, combined (BLOCK-1..BLOCK-4)"
+    description = (
+        "numpy_ref.attention_blockwise and attention_blockwise_vjp: the reference over 3 blocks of keys, combined "
+        "(BLOCK-1..BLOCK-4), its gradients block by block (BLOCK-6)"
+    )
     SHARDS = 3
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(features=FEATURES, weights=False, gradients=False)
+        return Capabilities(features=FEATURES, weights=False)
+
+    def blocks(self, inputs) -> list:
+        Lk = inputs.get("key", inputs["query"]).shape[1]
+        return [len(b) for b in np.array_split(np.arange(Lk), self.SHARDS)]
 
     def forward(self, spec, params, inputs, *, device, need_weights):
         kw = {n: inputs[n] for n in KWARGS if n in inputs}
-        key = inputs.get("key", inputs["query"])
-        Lk = key.shape[1]
-        blocks = [len(b) for b in np.array_split(np.arange(Lk), self.SHARDS)]
         out = numpy_ref.attention_blockwise(
-            spec, params, inputs["query"], inputs.get("key"), inputs.get("value"), key_blocks=blocks, **kw
+            spec, params, inputs["query"], inputs.get("key"), inputs.get("value"), key_blocks=self.blocks(inputs), **kw
         )
         return {"out": out}
+
+    def vjp(self, spec, params, inputs, grad_out, *, device):
+        kw = {n: inputs[n] for n in KWARGS if n in inputs}
+        x = (inputs["query"], inputs["key"], inputs["value"])
+        return numpy_ref.attention_blockwise_vjp(spec, params, *x, grad_out, key_blocks=self.blocks(inputs), **kw)
