@@ -82,7 +82,7 @@ EXTENDED = {
     "triton extra is installed): about 3 more minutes on 2 cores; tests/test_torch_triton.py checks them against "
     "the reference (pytest -m fused)",
     "jax:ring": "the JAX ring runs in a process of 8 host devices and compiles a sharded program per case and dtype "
-    "(forward and gradients), about 2 s each on 2 cores; tests/test_jax_ring.py checks it against the reference "
+    "(forward and gradients), about 1.1 s each on 2 cores; tests/test_jax_ring.py checks it against the reference "
     "(pytest -m ring)",
     "torch:ring": "the PyTorch ring runs over 4 gloo processes; tests/test_torch_ring.py checks it against the "
     "reference (pytest -m ring)",
