@@ -66,6 +66,9 @@ CLI_ONLY = {
     # tests/test_torch_ring.py check them against the reference (pytest -m ring)
     "jax:ring": ALL,
     "torch:ring": ALL,
+    # PyTorch's context parallelism on 2 gloo processes: tests/test_torch_context_parallel.py checks it (pytest -m ring)
+    "torch-cp-flex": ALL,
+    "torch-cp-flex-balanced": ALL,
     # the outside RoPE and bias adapters: each library's own tests here (tests/test_*rope*.py,
     # tests/test_*bias_libs.py) check it against the reference; its cells run in `python -m conformance run`
     # (keras-hub and Gemma are installed by .ci/run alone)

@@ -44,8 +44,9 @@ def layout_of(spec) -> str:
     return "zigzag" if spec.causal else "contiguous"
 
 
-def _unit(spec, n: int) -> int:
-    return 2 * n if layout_of(spec) == "zigzag" else n
+def _unit(spec, n: int, layout: Optional[str] = None) -> int:
+    """The shard unit: n, 2n for the zigzag layout (``layout`` None: the spec's, ``layout_of``)."""
+    return 2 * n if (layout or layout_of(spec)) == "zigzag" else n
 
 
 def shard_count(spec, Lq: int, Lk: int, counts: tuple) -> Optional[int]:
@@ -70,18 +71,18 @@ def lengths(inputs: dict) -> tuple:
     return inputs["query"].shape[1], inputs.get("key", inputs["query"]).shape[1]
 
 
-def padded_lengths(spec, inputs: dict, n: int) -> tuple:
+def padded_lengths(spec, inputs: dict, n: int, layout: Optional[str] = None) -> tuple:
     """(Lq, Lk, Lq2, Lk2): the call's lengths and the padded ones (multiples of the shard unit)."""
-    unit = _unit(spec, n)
+    unit = _unit(spec, n, layout)
     Lq, Lk = lengths(inputs)
     return Lq, Lk, -(-Lq // unit) * unit, -(-Lk // unit) * unit
 
 
-def pad_inputs(spec, inputs: dict, n: int) -> dict:
+def pad_inputs(spec, inputs: dict, n: int, layout: Optional[str] = None) -> dict:
     """The call's inputs that are not differentiated, padded (NumPy): positions (the last one repeated, its
     dtype kept), the mask (False in the padded key columns; made when the case has none) and the keep mask, each
     pair input broadcast to (B|1, H|1, Lq2, Lk2)."""
-    Lq, Lk, Lq2, Lk2 = padded_lengths(spec, inputs, n)
+    Lq, Lk, Lq2, Lk2 = padded_lengths(spec, inputs, n, layout)
     out = {}
     for name, L, L2 in (("q_positions", Lq, Lq2), ("k_positions", Lk, Lk2)):
         p = inputs.get(name)

@@ -143,16 +143,16 @@ def _reader(t: Optional[torch.Tensor], B: int, H: int, Lq: int, Lk: int):
     return lambda b, h, i, j: full[b, h, i, j]
 
 
-def attention(kernel: Flex, spec, params: dict, q, k, v, call: _core.Call) -> torch.Tensor:
-    """q (B, H, Lq, d), k (B, Hkv, Lk, d), v (B, Hkv, Lk, dv) -> o (B, H, Lq, dv).
+def score_mod_for(spec, params: dict, q, k, call: _core.Call, stat: torch.dtype):
+    """Every per-pair logit term of the spec as one FlexAttention ``score_mod(score, b, h, i, j)`` (the module
+    docstring's order): q (B, H, Lq, d) and k (B, Hkv, Lk, d) after the q/k transform, ``call`` the call whose
+    positions, mask, bias and rules ``i`` and ``j`` index (its Lq and Lk: the keys FlexAttention is given, which
+    may be more than ``k`` holds, as under context parallelism); logits in ``stat`` (PREC-4).
 
-    Implements REL-1, REL-3 (1), REL-3 (3), SHAW-4, SCALE-2..4, SOFTCAP-1, MASK-4..6, BIAS-1, BIAS-2, CAUSAL-1,
-    WINDOW-1, HEAD-3, HEAD-4, PREC-4.
+    Implements REL-1, REL-3 (3), SCALE-3, SCALE-4, SHAW-6, SHAW-7, SOFTCAP-1, MASK-4..6, BIAS-1, CAUSAL-1, WINDOW-1.
     """
-    q, k = transform_qk(spec, params, q, k, call)  # REL-3 (1): before the kernel
-    B, H, Lq, _ = q.shape
-    Lk = k.shape[2]
-    stat = _core.stat_dtype(q.dtype)  # PREC-4: FlexAttention's logits for 16-bit inputs are float32 too
+    B, H = q.shape[:2]
+    Lq, Lk = call.Lq, call.Lk
     scheme = spec.relative
     hooks = frozenset() if scheme is None else scheme.hooks
     unit = None if scheme is None else schemes.module_for(scheme)
@@ -184,11 +184,25 @@ def attention(kernel: Flex, spec, params: dict, q, k, v, call: _core.Call) -> to
             score = torch.where(allowed(b, h, i, j), score, fill)
         return score
 
+    return score_mod
+
+
+def attention(kernel: Flex, spec, params: dict, q, k, v, call: _core.Call) -> torch.Tensor:
+    """q (B, H, Lq, d), k (B, Hkv, Lk, d), v (B, Hkv, Lk, dv) -> o (B, H, Lq, dv).
+
+    Implements REL-1, REL-3 (1), REL-3 (3), SHAW-4, SCALE-2..4, SOFTCAP-1, MASK-4..6, BIAS-1, BIAS-2, CAUSAL-1,
+    WINDOW-1, HEAD-3, HEAD-4, PREC-4.
+    """
+    q, k = transform_qk(spec, params, q, k, call)  # REL-3 (1): before the kernel
+    H = q.shape[1]
+    stat = _core.stat_dtype(q.dtype)  # PREC-4: FlexAttention's logits for 16-bit inputs are float32 too
+    scheme = spec.relative
+    score_mod = score_mod_for(spec, params, q, k, call, stat)
     flex = _flex_attention(kernel.compiled)
     gqa = k.shape[1] != H
-    if "value_term" not in hooks:
+    if scheme is None or "value_term" not in scheme.hooks:
         return flex(q, k, v, score_mod=score_mod, scale=spec.effective_scale, enable_gqa=gqa)
-    band = _band(spec, unit.value_distances(scheme), q, k, score_mod, stat, call.allowed)
+    band = _band(spec, schemes.module_for(scheme).value_distances(scheme), q, k, score_mod, stat, call.allowed)
     # every logit of a row less one number near its largest (a band score): the same softmax, and a
     # log-sum-exp near 0 whose rounding costs the recomputed weights nothing (logits of 1e3 lose 6e-5 in float32)
     shift = band.shift
