@@ -55,6 +55,8 @@ class CheckResult:
     where: Optional[list] = None
     message: str = ""
     environment: dict = field(default_factory=dict)
+    #: on the first check of a cell: the cell's wall time in seconds (its programs compiled, its checks run)
+    seconds: Optional[float] = None
 
     @property
     def failed(self) -> bool:

@@ -1,7 +1,9 @@
 """Summaries and reports of a conformance run.
 
 - ``summary_table``: adapter x dtype x device with pass / fail / skip /
-  expected-deviation counts and the worst margin (error / budget).
+  expected-deviation counts, the worst margin (error / budget) and the
+  seconds its cells took (their programs compiled and their checks run;
+  summed over the cells, which ``--jobs`` runs side by side).
 - ``write_reports``: ``results.jsonl`` (one record per check, with the
   adapter's environment) and ``matrix.md`` (rule x adapter x dtype x device)
   with the conformance claims each adapter may make (VER-2), ``report.html``
@@ -39,6 +41,7 @@ def summary_rows(results: list) -> list:
                 "device": device,
                 **counts,
                 "worst_margin": max(margins) if margins else None,
+                "seconds": sum(r.seconds or 0.0 for r in rs),
             }
         )
     return rows
@@ -46,7 +49,7 @@ def summary_rows(results: list) -> list:
 
 def summary_table(results: list) -> str:
     rows = summary_rows(results)
-    header = ("adapter", "dtype", "device", "pass", "fail", "deviation", "skip", "worst margin")
+    header = ("adapter", "dtype", "device", "pass", "fail", "deviation", "skip", "worst margin", "seconds")
     lines = [
         [
             r["adapter"],
@@ -57,6 +60,7 @@ def summary_table(results: list) -> str:
             str(r["deviation"]),
             str(r["skip"]),
             "-" if r["worst_margin"] is None else f"{r['worst_margin']:.3f}",
+            f"{r['seconds']:.1f}",
         ]
         for r in rows
     ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import pathlib
+import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
@@ -208,12 +209,16 @@ def _run_cells(plan: Plan, directory: pathlib.Path, progress: Optional[Callable]
             note = f"the cell of {name}: the same kernel and compiled program"
             for r in checks:
                 message = f"{r.message} ({note})" if r.message else note
-                results.append(replace(r, adapter=adapter.name, message=message, environment=envs[adapter.name]))
+                results.append(
+                    replace(r, adapter=adapter.name, message=message, environment=envs[adapter.name], seconds=None)
+                )
             continue
-        cell = []
-        for r in CaseRun(case, entry, loaded[case.id], adapter, caps, dtype, device).run():
+        start = time.perf_counter()
+        cell = CaseRun(case, entry, loaded[case.id], adapter, caps, dtype, device).run()
+        for r in cell:
             r.environment = envs[adapter.name]
-            cell.append(r)
+        if cell:
+            cell[0].seconds = time.perf_counter() - start
         ran[adapter.name, dtype, device] = cell
         results.extend(cell)
     for a in used:
