@@ -68,6 +68,8 @@ CLI_ONLY = {
     "torch:ring": ALL,
     # PyTorch's context parallelism on 2 gloo processes: tests/test_torch_context_parallel.py checks it (pytest -m ring)
     "torch-cp-flex": ALL,
+    # ringattention's JAX ring on 8 host devices: tests/test_ringattention.py checks it (pytest -m ring)
+    "ringattention": ALL,
     "torch-cp-flex-balanced": ALL,
     # the outside RoPE and bias adapters: each library's own tests here (tests/test_*rope*.py,
     # tests/test_*bias_libs.py) check it against the reference; its cells run in `python -m conformance run`

@@ -30,6 +30,7 @@ BUILTIN = {
     "torch:ring": "conformance.adapters.ring:TorchRingAdapter",
     "torch-cp-flex": "conformance.adapters.torch_context_parallel:TorchContextParallelFlexAdapter",
     "torch-cp-flex-balanced": "conformance.adapters.torch_context_parallel:TorchContextParallelFlexBalancedAdapter",
+    "ringattention": "conformance.adapters.ringattention:RingAttentionAdapter",
     "torch-sdpa": "conformance.adapters.torch_sdpa:TorchSDPAAdapter",
     "torch-mha": "conformance.adapters.torch_mha:TorchMHAAdapter",
     "jax-nn": "conformance.adapters.jax_nn:JaxNNAdapter",
@@ -88,6 +89,9 @@ EXTENDED = {
     "(pytest -m ring)",
     "torch:ring": "the PyTorch ring runs over 4 gloo processes; tests/test_torch_ring.py checks it against the "
     "reference (pytest -m ring)",
+    "ringattention": "ringattention's JAX ring runs in a process of 8 host devices and compiles a sharded program "
+    "per case and dtype (forward and gradients); tests/test_ringattention.py checks it against the reference "
+    "(pytest -m ring)",
     "torch-cp-flex": "PyTorch's context parallelism runs over 2 gloo processes, FlexAttention eagerly in each; "
     "tests/test_torch_context_parallel.py checks it against the reference (pytest -m ring)",
     "torch-cp-flex-balanced": "PyTorch's context parallelism with its load balancer runs over 2 gloo processes, "
