@@ -130,14 +130,14 @@ def test_the_shards_by_hand():
 
 
 def _send_transposed(rank, n, store, out):
-    from torch_impl.ring import _Pass
+    from torch_impl.ring import _shift
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=n)
     try:
-        block = torch.arange(12.0, dtype=torch.float64).reshape(3, 4).add(100 * rank).requires_grad_()
-        (passed,) = _Pass.apply(None, block.t())  # non-contiguous, as autograd's gradients often are
-        passed.backward(torch.ones(3, 4, dtype=torch.float64).t() * (rank + 1))
-        got = {"passed": passed.detach().tolist(), "grad": block.grad.tolist()}
+        block = torch.arange(12.0, dtype=torch.float64).reshape(3, 4).add(100 * rank)
+        (passed,) = _shift([block.t()], None, +1)  # non-contiguous, as autograd's gradients often are
+        (grad,) = _shift([torch.ones(3, 4, dtype=torch.float64).t() * (rank + 1)], None, -1)  # the other way
+        got = {"passed": passed.tolist(), "grad": grad.t().tolist()}
         gathered = [None] * n
         dist.all_gather_object(gathered, got)
         if rank == 0:
@@ -148,9 +148,9 @@ def _send_transposed(rank, n, store, out):
 
 
 def test_a_non_contiguous_block_and_its_gradient_arrive_whole(tmp_path):
-    """A transposed block sent round the ring arrives as the same values on the next rank, and its gradient comes
-    back from that rank (gloo sent a non-contiguous gradient of an all_gather wrong: every tensor is made
-    contiguous before it is sent)."""
+    """A transposed block sent round the ring arrives as the same values on the next rank, and a transposed
+    gradient sent the other way arrives from that rank (gloo sent a non-contiguous gradient of an all_gather
+    wrong: every tensor is made contiguous before it is sent)."""
     out = tmp_path / "ring.json"
     mp.spawn(_send_transposed, args=(2, str(tmp_path / "store"), str(out)), nprocs=2, join=True)
     got = json.loads(out.read_text())

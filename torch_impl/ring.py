@@ -13,12 +13,16 @@ dead ones. After n steps
 every query has met every key: the rank's output is its rows of the
 unsharded attention (BLOCK-4).
 
-Autograd runs through the ring: the pass of a block is an autograd function
-whose backward passes the block's gradient the other way round (rank r to
-r - 1), made contiguous before it is sent (a non-contiguous gradient sent by
-gloo arrived wrong elsewhere). The parameters' gradients of each rank are
-its shard's part: their sum over the ranks (``all_reduce``) is the whole
-call's. Per-pair inputs (mask, bias, keep mask) are the rank's query rows
+The ring is one autograd function (``_Ring``) whose forward keeps no
+step's graph, only each row's final statistics, and whose backward is a
+second ring (BLOCK-6): the blocks travel round again with their key and
+value gradients, each rank recomputing a block's weights from the final
+(m, l) and taking the softmax's row sum as ``d_o . o``; after n passes a
+block's gradients are home. Every tensor is made contiguous before it is
+sent (a non-contiguous gradient sent by gloo arrived wrong elsewhere). The
+projections and the q/k transform around the ring are autograd's. The
+parameters' gradients of each rank are its shard's part: their sum over the
+ranks (``all_reduce``) is the whole call's. Per-pair inputs (mask, bias, keep mask) are the rank's query rows
 against every key, in global key order. A key that no query of the rank may
 attend in a step has its value row zeroed for that step and its logits
 exponentiated at 0 (nothing of it reaches a gradient).
@@ -56,20 +60,6 @@ def shard_tokens(L: int, n: int, rank: int, layout: str = "contiguous") -> torch
     size = L // (2 * n)
     return torch.cat([torch.arange(rank * size, (rank + 1) * size), torch.arange((2 * n - 1 - rank) * size,
                                                                                  (2 * n - rank) * size)])  # fmt: skip
-
-
-class _Pass(torch.autograd.Function):
-    """One step of the ring: send the block to the next rank, receive the previous rank's; backward the other way."""
-
-    @staticmethod
-    def forward(ctx, group, *block):
-        ctx.group = group
-        return tuple(_shift(list(block), group, +1))
-
-    @staticmethod
-    def backward(ctx, *grads):
-        grads = [torch.zeros_like(g) if g is None else g for g in grads]
-        return (None, *_shift(grads, ctx.group, -1))
 
 
 def _shift(tensors: list, group, direction: int) -> list:
@@ -138,19 +128,99 @@ def ring_attention(
     v = _core.split_heads(_core.project(value, p["wv"], p.get("bv")), Hkv)
     local = _core.Call(B, Ls, key.shape[1], query.device, q_positions=q_pos, k_positions=k_pos)
     q, k = transform_qk(spec, p, q, k, local)  # REL-3 (1): per token, at its global position
-    stat = _core.stat_dtype(q.dtype)
-    m = torch.full((B, H, Ls), float("-inf"), dtype=stat, device=q.device)
-    l_sum = torch.zeros((B, H, Ls), dtype=stat, device=q.device)
-    o = torch.zeros((B, H, Ls, v.shape[-1]), dtype=stat, device=q.device)
-    block = (k, v, k_pos.expand(B, -1).contiguous(), k_tokens.expand(B, -1).contiguous())
-    for step in range(n):
-        bk, bv, bpos, bidx = block
-        m, l_sum, o = _fold(spec, p, pairs, q, q_pos, bk, bv, bpos, bidx[0], m, l_sum, o)
-        if step < n - 1:
-            block = _Pass.apply(group, *block)
-    # BLOCK-4: one division by the denominator; MASK-5: a row with no allowed key (l = 0, o = 0) stays exactly 0
-    o = torch.where(l_sum[..., None] > 0, o / torch.where(l_sum > 0, l_sum, 1.0)[..., None], 0.0).to(q.dtype)
-    return _core.project(_core.merge_heads(o), p["wo"], p.get("bo"))  # OUT-1
+    names = sorted(name for name in p if name not in PROJECTIONS)  # the scheme's tables
+    fixed = {
+        "pairs": {name: a for name, a in pairs.items() if name != "bias"},  # not differentiated (GRAD-3)
+        "q_pos": q_pos,
+        "k_pos": k_pos.expand(B, -1).contiguous(),
+        "k_tokens": k_tokens.expand(B, -1).contiguous(),
+    }
+    o = _Ring.apply(spec, group, fixed, names, q, k, v, pairs.get("bias"), *(p[name] for name in names))
+    return _core.project(_core.merge_heads(o.to(q.dtype)), p["wo"], p.get("bo"))  # OUT-1
+
+
+#: The canonical projections' parameters; the others are the scheme's tables.
+PROJECTIONS = frozenset({"wq", "wk", "wv", "wo", "bq", "bk", "bv", "bo"})
+
+
+class _Ring(torch.autograd.Function):
+    """BLOCK-1..BLOCK-4 and BLOCK-6: q (B, H, Ls, d), k, v (B, Hkv, Ls, d|dv) of this rank and the tables ->
+    this rank's normalised output (B, H, Ls, dv) in the stat dtype; the backward a second ring."""
+
+    @staticmethod
+    def forward(ctx, spec, group, fixed, names, q, k, v, bias, *tables):
+        n = dist.get_world_size(group)
+        params = dict(zip(names, tables))
+        pairs = {**fixed["pairs"], **({} if bias is None else {"bias": bias})}
+        B, H, Ls = q.shape[:3]
+        stat = _core.stat_dtype(q.dtype)
+        m = torch.full((B, H, Ls), float("-inf"), dtype=stat, device=q.device)
+        l_sum = torch.zeros((B, H, Ls), dtype=stat, device=q.device)
+        o = torch.zeros((B, H, Ls, v.shape[-1]), dtype=stat, device=q.device)
+        block = [k, v, fixed["k_pos"], fixed["k_tokens"]]
+        for step in range(n):
+            bk, bv, bpos, bidx = block
+            m, l_sum, o = _fold(spec, params, pairs, q, fixed["q_pos"], bk, bv, bpos, bidx[0], m, l_sum, o)
+            if step < n - 1:
+                block = _shift(block, group, +1)
+        # BLOCK-4: one division by the denominator; MASK-5: a row with no allowed key (l = 0, o = 0) stays 0
+        o = torch.where(l_sum[..., None] > 0, o / torch.where(l_sum > 0, l_sum, 1.0)[..., None], 0.0)
+        ctx.spec, ctx.group, ctx.fixed, ctx.names, ctx.has_bias = spec, group, fixed, names, bias is not None
+        ctx.save_for_backward(q, k, v, bias, m, l_sum, o, *tables)
+        return o
+
+    @staticmethod
+    def backward(ctx, d_o):
+        """BLOCK-6: for each block, dz = w (dL/dw - r) with w from the final (m, l) and r each row's sum of
+        w dL/dw over every pair (a first ring), as the gradient of ``<d_o, w v + value term> - sum w r`` at the
+        block's recomputed logits; the key and value gradients travel with their block and are home after n
+        passes of the second ring."""
+        spec, group, fixed, names = ctx.spec, ctx.group, ctx.fixed, ctx.names
+        q, k, v, bias, m, l_sum, o, *tables = ctx.saved_tensors
+        n = dist.get_world_size(group)
+        stat = o.dtype
+        d_o = d_o.to(stat)
+        tabs = dict(zip(names, tables))
+        pairs = {**fixed["pairs"], **({"bias": bias} if ctx.has_bias else {})}
+        # r = sum_j w_ij dL/dw_ij, summed over the pairs block by block (a first ring): d_o . o is the same sum in
+        # exact arithmetic, but its rounding is not the pairs', which the cancelling table gradients (every pair
+        # in one row: sum_j dz_ij = 0) expose beyond the float64 budgets
+        r = torch.zeros_like(m)
+        block = [k, v, fixed["k_pos"], fixed["k_tokens"]]
+        for step in range(n):
+            bk, bv, bpos, bidx = block
+            r = r + _row_sums(spec, tabs, pairs, q, fixed["q_pos"], bk, bv, bpos, bidx[0], m, l_sum, d_o)
+            if step < n - 1:
+                block = _shift(block, group, +1)
+        leaves = [q, *tables] + ([bias] if ctx.has_bias else [])
+        acc = [torch.zeros_like(t, dtype=stat) for t in leaves]  # this rank's q, tables, bias
+        block = [k, v, fixed["k_pos"], fixed["k_tokens"]]
+        dk, dv = torch.zeros_like(k, dtype=stat), torch.zeros_like(v, dtype=stat)
+        for step in range(n):
+            bk, bv, bpos, bidx = block
+            with torch.enable_grad():
+                wrt = [t.detach().requires_grad_(t.is_floating_point()) for t in (*leaves, bk, bv)]
+                qd, *rest = wrt
+                tabs_d = dict(zip(names, rest[: len(names)]))
+                pairs_d = {**fixed["pairs"], **({"bias": rest[len(names)]} if ctx.has_bias else {})}
+                loss = _block_loss(spec, tabs_d, pairs_d, qd, fixed["q_pos"], wrt[-2], wrt[-1], bpos, bidx[0], m,
+                                   l_sum, d_o, r)  # fmt: skip
+                grads = torch.autograd.grad(loss, wrt, allow_unused=True)
+            for a, g in zip(acc, grads[:-2]):
+                if g is not None:
+                    a += g.to(stat)
+            dk = dk + (0 if grads[-2] is None else grads[-2].to(stat))
+            dv = dv + (0 if grads[-1] is None else grads[-1].to(stat))
+            # the block and its gradients to the next rank; the last pass brings the gradients home
+            block_and_grads = _shift([bk, bv, bpos, bidx, dk, dv] if step < n - 1 else [dk, dv], group, +1)
+            if step < n - 1:
+                *block, dk, dv = block_and_grads
+            else:
+                dk, dv = block_and_grads
+        d_q, *d_rest = (a.to(t.dtype) for a, t in zip(acc, leaves))
+        d_tables = d_rest[: len(names)]
+        d_bias = d_rest[len(names)] if ctx.has_bias else None
+        return (None, None, None, None, d_q, dk.to(k.dtype), dv.to(v.dtype), d_bias, *d_tables)
 
 
 def _dead_keys(spec, group, pairs: dict, q_pos, k_pos, Lk: int, layout: str):
@@ -176,36 +246,72 @@ def _dead_keys(spec, group, pairs: dict, q_pos, k_pos, Lk: int, layout: str):
     return seen[:, shard_tokens(Lk, n, rank, layout).to(seen.device)] == 0
 
 
-def _fold(spec, params, pairs, q, q_pos, k, v, k_pos, k_index, m, l_sum, o):
-    """BLOCK-2 for this rank's queries against one key block, folded into the running (m, l, o) by BLOCK-3."""
+def _block_logits(spec, params, pairs, q, q_pos, k, k_pos, k_index):
+    """BLOCK-1, BLOCK-2: the logits (B, H, Ls, Lb) of this rank's queries against one key block in the stat dtype,
+    the pairs that count (MASK-4; under MASK-6 every pair, the disallowed ones at the fill), and the block's call
+    (its distances, its columns of the bias and the keep mask)."""
     B, H, Ls = q.shape[:3]
     cols = {n: a[..., k_index] if a.shape[-1] > 1 else a for n, a in pairs.items()}
     call = _core.Call(
         B, Ls, k.shape[2], q.device, mask=cols.get("mask"), bias=cols.get("bias"), q_positions=q_pos,
         k_positions=k_pos, dropout_keep=cols.get("keep"), causal=spec.causal, window=spec.window,
     )  # fmt: skip
-    z = block_logits(spec, params, q, k, call)  # (B, H, Ls, Lb) in the stat dtype
+    z = block_logits(spec, params, q, k, call)
     allowed = call.allowed
     counted = torch.ones_like(z, dtype=torch.bool) if allowed is None else allowed.expand(z.shape)
     if spec.mask_fill is not None:  # MASK-6: every key counts, the disallowed ones at the fill
         z, counted = torch.where(counted, z, spec.mask_fill), torch.ones_like(counted)
-    # the running maximum is not differentiated (the result does not depend on it): its gradient paths cancel in
-    # exact arithmetic; measured over the catalog, this ring's float64 key gradients need them left out
-    # (t5/cross/default-buckets-to-512: 3.9e-16 against a budget of 3.2e-16 with them)
-    m_new = torch.maximum(m, torch.where(counted, z.detach(), float("-inf")).amax(-1))
-    shift = torch.where(torch.isfinite(m_new), m_new, 0.0)
-    # a pair that does not count is exponentiated at 0, not at its logit: a NaN or an overflow there (a poisoned
-    # dead key, MASK-7) reaches no gradient through the where
-    e = torch.where(counted, torch.exp(torch.where(counted, z - shift[..., None], 0.0)), 0.0)
-    dropped = _core.dropout(e, call.dropout_keep, spec.dropout)  # DROP-1 on the unnormalised weights (linear)
+    return z, counted, call
+
+
+def _block_values(spec, params, call, counted, v, e):
+    """sum_j w'_ij v_j plus the value term of w' = dropout(e) (HEAD-3, HEAD-4, DROP-1, DROP-4, REL-3 (4)), in e's
+    dtype (the stat dtype, PREC-4: the weights are not rounded to a 16-bit input's dtype, whose rounding the
+    gradient of a cancelling sum, a table row every key shares, would not undo)."""
+    dropped = _core.dropout(e, call.dropout_keep, spec.dropout)  # DROP-1 on the weights (linear)
     live = counted.any(1).any(1)[:, None, :, None]  # MASK-7 per block: (B, 1, Lb, 1)
-    # HEAD-3, HEAD-4 in the stat dtype (PREC-4): the weights are not rounded to a 16-bit input's dtype, whose
-    # rounding the gradient of a cancelling sum (a table row every key shares) would not undo
-    add = _core.grouped_values(dropped, v.masked_fill(~live, 0).to(o.dtype))
+    add = _core.grouped_values(dropped, v.masked_fill(~live, 0).to(e.dtype))
     scheme = spec.relative
     if scheme is not None and "value_term" in scheme.hooks:  # REL-3 (4): after dropout (DROP-4)
-        table = {**params, "rel_v": params["rel_v"].to(o.dtype)}  # in the stat dtype too, like the weights
-        add = add + schemes.module_for(scheme).value_term(scheme, table, dropped, call.delta).to(o.dtype)
+        table = {**params, "rel_v": params["rel_v"].to(e.dtype)}  # in the stat dtype too, like the weights
+        add = add + schemes.module_for(scheme).value_term(scheme, table, dropped, call.delta).to(e.dtype)
+    return add
+
+
+def _exp(z, counted, shift):
+    """exp(z - shift) where a pair counts, 0 elsewhere: a pair that does not count is exponentiated at 0, not at
+    its logit, so that a NaN or an overflow there (a poisoned dead key, MASK-7) reaches nothing."""
+    return torch.where(counted, torch.exp(torch.where(counted, z - shift[..., None], 0.0)), 0.0)
+
+
+def _fold(spec, params, pairs, q, q_pos, k, v, k_pos, k_index, m, l_sum, o):
+    """BLOCK-2 for this rank's queries against one key block, folded into the running (m, l, o) by BLOCK-3."""
+    z, counted, call = _block_logits(spec, params, pairs, q, q_pos, k, k_pos, k_index)
+    m_new = torch.maximum(m, torch.where(counted, z, float("-inf")).amax(-1))
+    shift = torch.where(torch.isfinite(m_new), m_new, 0.0)
+    e = _exp(z, counted, shift)
     alpha = torch.exp(torch.where(torch.isfinite(m), m, float("-inf")) - shift)
     l_new = l_sum * alpha + e.sum(-1)
+    add = _block_values(spec, params, call, counted, v, e).to(o.dtype)
     return m_new, l_new, o * alpha[..., None] + add  # o unnormalised (BLOCK-2): divided once, at the end
+
+
+def _row_sums(spec, params, pairs, q, q_pos, k, v, k_pos, k_index, m, l_sum, d_o):
+    """BLOCK-6: sum_j w_ij dL/dw_ij over one block's pairs, (B, H, Ls), with w the block's final weights and dL/dw
+    the gradient of ``<d_o, sum_j w'_ij (v_j + a_ij)>`` (dropout and the value term included)."""
+    z, counted, call = _block_logits(spec, params, pairs, q, q_pos, k, k_pos, k_index)
+    shift = torch.where(torch.isfinite(m), m, 0.0)
+    w = _exp(z, counted, shift) / torch.where(l_sum > 0, l_sum, 1.0)[..., None]
+    with torch.enable_grad():
+        leaf = w.detach().requires_grad_()
+        (g,) = torch.autograd.grad((d_o * _block_values(spec, params, call, counted, v.detach(), leaf)).sum(), leaf)
+    return (w * g).sum(-1)
+
+
+def _block_loss(spec, params, pairs, q, q_pos, k, v, k_pos, k_index, m, l_sum, d_o, r):
+    """BLOCK-6 for one block: ``<d_o, sum_j w'_ij (v_j + a_ij)> - sum_j w_ij r_i`` with w the block's final
+    weights (from the rows' final m and l, held constant); its gradient at the logits is w (dL/dw - r)."""
+    z, counted, call = _block_logits(spec, params, pairs, q, q_pos, k, k_pos, k_index)
+    shift = torch.where(torch.isfinite(m), m, 0.0)
+    w = _exp(z, counted, shift) / torch.where(l_sum > 0, l_sum, 1.0)[..., None]
+    return (d_o * _block_values(spec, params, call, counted, v, w)).sum() - (w * r[..., None]).sum()

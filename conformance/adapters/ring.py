@@ -316,7 +316,7 @@ class TorchRingAdapter(_RingAdapter):
     name = "torch:ring"
     description = (
         "torch_impl.ring_attention over gloo process groups of 2 or 4 ranks (point-to-point send/recv), global "
-        "positions, zigzag when causal; gradients by autograd through the ring, summed over the ranks"
+        "positions, zigzag when causal; gradients by its backward ring (BLOCK-6), summed over the ranks"
     )
     counts = (2, 4)
     workers = 4
