@@ -132,9 +132,6 @@ class RingAttentionAdapter(Adapter):
     def vjp(self, spec, params, inputs, grad_out, *, device):
         return self._ask("vjp", spec, params, inputs, grad_out)
 
-    def release(self):
-        pass
-
 
 def _worker(conn, rank, count, address):
     os.environ["XLA_FLAGS"] = " ".join(
