@@ -237,11 +237,16 @@ class JaxRingAdapter(_RingAdapter):
 
     @staticmethod
     def worker(conn, rank, count, address):
-        os.environ["XLA_FLAGS"] = " ".join(
-            [os.environ.get("XLA_FLAGS", ""), "--xla_force_host_platform_device_count=8"]
-        ).strip()
-        _jax.setup()
-        _serve(conn, _jax_handle)
+        serve_on_host_devices(conn, _jax_handle)
+
+
+def serve_on_host_devices(conn, handle):
+    """A JAX worker's loop (``_serve``) in a process of 8 host devices, set before JAX starts."""
+    os.environ["XLA_FLAGS"] = " ".join(
+        [os.environ.get("XLA_FLAGS", ""), "--xla_force_host_platform_device_count=8"]
+    ).strip()
+    _jax.setup()
+    _serve(conn, handle)
 
 
 def _jax_handle(kind, spec, params, inputs, grad_out, n):

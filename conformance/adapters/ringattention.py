@@ -33,13 +33,12 @@ own with 8 host devices, fed over a pipe.
 from __future__ import annotations
 
 import functools
-import os
 
 import numpy as np
 
 from . import _jax
-from .base import FEATURES, Adapter, Capabilities
-from .ring import DIFF, _serve, _Workers, bias_padding, lengths, pad_inputs, padded_lengths, shard_count
+from .base import FEATURES, Capabilities
+from .ring import DIFF, JaxRingAdapter, bias_padding, pad_inputs, padded_lengths, serve_on_host_devices
 
 #: The pinned release.
 VERSION = "0.1.2"
@@ -84,16 +83,15 @@ def load():
     return module
 
 
-class RingAttentionAdapter(Adapter):
+class RingAttentionAdapter(JaxRingAdapter):
+    """``jax:ring``'s machinery (a process of 8 host devices fed over a pipe, the shard count by a hash of the
+    call) around ringattention's ring."""
+
     name = "ringattention"
     description = (
         f"ringattention {VERSION}'s JAX ring (ringattention_jax.ring_attention) under shard_map on 2, 4 or 8 of 8 "
         "host devices, contiguous shards, one additive bias, causal_block_size=1; gradients by its custom VJP"
     )
-    counts = (2, 4, 8)
-
-    def __init__(self):
-        self._workers = None
 
     def unavailable(self):
         missing = _jax.jax_available()
@@ -114,31 +112,9 @@ class RingAttentionAdapter(Adapter):
             unsupported=dict(_jax.UNSUPPORTED),
         )
 
-    def _pool(self) -> _Workers:
-        if self._workers is None:
-            self._workers = _Workers(_worker, 1)
-        return self._workers
-
-    def _ask(self, kind, spec, params, inputs, grad_out):
-        n = shard_count(spec, *lengths(inputs), self.counts)
-        return self._pool().call((kind, spec, params, inputs, grad_out, n), 1)[0]
-
-    def environment(self):
-        return {**self._pool().call(("environment", None, None, None, None, None), 1)[0], "shards": self.counts}
-
-    def forward(self, spec, params, inputs, *, device, need_weights):
-        return {"out": self._ask("forward", spec, params, inputs, None)["out"]}
-
-    def vjp(self, spec, params, inputs, grad_out, *, device):
-        return self._ask("vjp", spec, params, inputs, grad_out)
-
-
-def _worker(conn, rank, count, address):
-    os.environ["XLA_FLAGS"] = " ".join(
-        [os.environ.get("XLA_FLAGS", ""), "--xla_force_host_platform_device_count=8"]
-    ).strip()
-    _jax.setup()
-    _serve(conn, _handle)
+    @staticmethod
+    def worker(conn, rank, count, address):
+        serve_on_host_devices(conn, _handle)
 
 
 def _handle(kind, spec, params, inputs, grad_out, n):
@@ -158,7 +134,7 @@ def _handle(kind, spec, params, inputs, grad_out, n):
     precision = _jax.matmul_precision(x.dtype.name)
     lengths_ = padded_lengths(spec, inputs, n, "contiguous")
     other = pad_inputs(spec, inputs, n, "contiguous")
-    if kind == "forward" and x.dtype.name in SIXTEEN:
+    if kind in ("forward", "forward_only") and x.dtype.name in SIXTEEN:
         # its gradients raise in 16-bit (ringattention-float32-logits-gradient-dtype): the forward alone
         called = {k: inputs[k] for k in DIFF if k in inputs}
         return {"out": np.asarray(_program(spec, n, precision, x.dtype.name, lengths_, None)(params, called, other))}
@@ -167,7 +143,7 @@ def _handle(kind, spec, params, inputs, grad_out, n):
     called = {k: full[k] for k in DIFF if k in full and k not in omitted}
     g = np.zeros(x.shape, x.dtype) if grad_out is None else grad_out
     out, (g_params, g_inputs) = _program(spec, n, precision, x.dtype.name, lengths_, omitted)(params, called, other, g)
-    if kind == "forward":
+    if kind in ("forward", "forward_only"):
         return {"out": np.asarray(out)}
     return {k: np.asarray(a) for k, a in {**g_params, **g_inputs}.items()}
 
