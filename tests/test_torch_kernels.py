@@ -555,6 +555,24 @@ def test_a_fused_kernel_refuses_what_it_cannot_compute(kernel, case, message):
         )
 
 
+def test_compiled_flex_refuses_the_value_term_on_a_cpu_before_compiling():
+    """KERN-1: compiled FlexAttention returns no log-sum-exp for CPU tensors (PyTorch 2.13), which Shaw's value
+    term reads: a ValueError naming the eager kernel, not Inductor's error from inside torch.compile."""
+    spec = AttentionSpec(2, 2, relative=Shaw(1))
+    params = {n: torch.as_tensor(a) for n, a in numpy_ref.init_params(spec, 0).items()}
+    x = torch.randn(1, 3, 4, dtype=torch.float64)
+    message = (
+        "implementation='flex': cannot run this call: compiled FlexAttention returns no log-sum-exp for CPU tensors "
+        "(PyTorch 2.13), which the value term needs: pass implementation=torch_impl.kernels.Flex(compiled=False) "
+        "to run it eagerly; kernels that can: 'eager', 'tiles'"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        torch_impl.attention(spec, params, x, implementation="flex")
+    eager = torch_impl.attention(spec, params, x, implementation=Flex(compiled=False))
+    expected = numpy_ref.attention(spec, numpy_ref.init_params(spec, 0), x.numpy())
+    np.testing.assert_allclose(eager.numpy(), expected, rtol=0, atol=1e-12)
+
+
 def test_the_flex_kernel_checks_its_field():
     with pytest.raises(TypeError, match=re.escape("Flex.compiled: expected a bool, got 1 of type int")):
         Flex(compiled=1)

@@ -89,13 +89,24 @@ class Flex(Kernel):
             r
             for r in (
                 self.missing_hooks(spec),
-                self._value_term_unsupported(spec, call),
+                self._value_term_unsupported(spec, call) or self._lse_unsupported(spec, call),
                 None if call.dropout_keep is None else "flex takes no dropout_keep mask (DROP-1)",
                 "flex does not return the weights (return_weights=True)" if call.return_weights else None,
             )
             if r is not None
         ]
         return "; ".join(reasons) or None
+
+    def _lse_unsupported(self, spec, call) -> Optional[str]:
+        """The value term reads FlexAttention's log-sum-exp, which the compiled kernel does not return for
+        tensors on a CPU (PyTorch 2.13: torch.compile fails inside Inductor): refused before compiling."""
+        scheme = spec.relative
+        if not self.compiled or call.device.type != "cpu" or scheme is None or "value_term" not in scheme.hooks:
+            return None
+        return (
+            "compiled FlexAttention returns no log-sum-exp for CPU tensors (PyTorch 2.13), which the value term "
+            "needs: pass implementation=torch_impl.kernels.Flex(compiled=False) to run it eagerly"
+        )
 
     @staticmethod
     def _value_term_unsupported(spec, call) -> Optional[str]:
