@@ -27,7 +27,7 @@ ALL_DTYPES = ("float64", "float32", "bfloat16", "float16")
 #: claims by version and rule ids (VER-2); shapes use the legend (AXES-1).
 #: Every kernel of an implementation is judged by the same cases (KERN-1), and
 #: against the stored goldens, never a recomputation (PREC-5).
-HARNESS_RULES = ("AXES-1", "PREC-1", "PREC-2", "PREC-3", "PREC-5", "KERN-1", "VER-1", "VER-2")
+HARNESS_RULES = ("AXES-1", "PREC-1", "PREC-2", "PREC-3", "PREC-5", "PREC-6", "KERN-1", "VER-1", "VER-2")
 
 
 @dataclass(frozen=True)

@@ -182,8 +182,12 @@ def cmd_list(args) -> int:
 def cmd_generate(args) -> int:
     from .generate import generate
 
-    manifest = generate(pathlib.Path(args.goldens), progress=None)
-    print(f"generated {len(manifest['cases'])} cases in {args.goldens}")
+    rebuilt: list = []
+    manifest = generate(
+        pathlib.Path(args.goldens), progress=rebuilt.append, only=args.case, budgets_only=args.budgets_only
+    )
+    what = "the budgets of" if args.budgets_only else ""
+    print(f"generated {what} {len(rebuilt)} of {len(manifest['cases'])} cases in {args.goldens}".replace("  ", " "))
     return 0
 
 
@@ -316,7 +320,15 @@ def parser() -> argparse.ArgumentParser:
     rep.add_argument("--out", required=True, help="folder for the merged report")
     rep.add_argument("--adapter", action="append", help="keep only these adapters (repeatable)")
     sub.add_parser("list", help="cases, rules and adapters")
-    sub.add_parser("generate", help="rebuild the golden vectors and the manifest")
+    gen = sub.add_parser("generate", help="rebuild the golden vectors and the manifest")
+    gen.add_argument(
+        "--case", action="append", help="rebuild only the cases matching this id pattern (fnmatch; repeatable)"
+    )
+    gen.add_argument(
+        "--budgets-only",
+        action="store_true",
+        help="keep every stored golden; recompute the budgets and rule claims alone",
+    )
     ver = sub.add_parser("verify", help="recompute the goldens; report drift beyond the noise bounds of PREC-5")
     ver.add_argument("-v", "--verbose", action="store_true", help="also list the changes within the noise bounds")
     camp = sub.add_parser(

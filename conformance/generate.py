@@ -8,6 +8,7 @@ rounded inputs; the budgets come from the naive same-dtype emulation.
 
 from __future__ import annotations
 
+import fnmatch
 import pathlib
 import shutil
 import tempfile
@@ -126,9 +127,20 @@ def exact_data(case: Case, master: dict) -> dict:
     qp, kp = np.asarray(qp, np.int64).reshape(-1, Lq), np.asarray(kp, np.int64).reshape(-1, Lk)  # no wrap
     delta = relative_distance(qp, kp)
     allowed = allowed_keys(
-        (B, H, Lq, Lk), delta, causal=case.spec.causal, mask=opt.get("mask"), bias=master["dense"].get("bias")
+        (B, H, Lq, Lk),
+        delta,
+        causal=case.spec.causal,
+        mask=opt.get("mask"),
+        bias=master["dense"].get("bias"),
+        window=case.spec.window,
     )
     return {"exact/fully_masked_rows": ~allowed.any(-1), "exact/dead_keys": dead_keys(allowed)}
+
+
+def summand_scales(case: Case, params64: dict, inputs64: dict, grad_out64) -> tuple[dict, float]:
+    """PREC-6: (summand scale by output, largest allowed |logit|) of one dtype's stored inputs, in float64."""
+    _, _, cache = naive.forward(case.spec, params64, inputs64, "float64")
+    return naive.summands(case.spec, cache, grad_out64), naive.logit_magnitude(cache)
 
 
 def build_case(case: Case) -> tuple[dict, dict]:
@@ -165,7 +177,11 @@ def build_case(case: Case) -> tuple[dict, dict]:
             produced = {"out": n_out, "weights": n_w, **{f"grad/{n}": g for n, g in n_grads.items()}}
             for n in goldens:
                 errors[n] = max(errors[n], tolerance.max_error(produced[n], goldens[n]))
-        budgets[dtype] = {n: tolerance.budget(n, dtype, errors[n], tolerance.floor_scale(n, goldens)) for n in goldens}
+        summands, logits = summand_scales(case, p64, emu_inputs, g64)
+        budgets[dtype] = {
+            n: tolerance.budget(n, dtype, errors[n], tolerance.floor_scale(n, goldens), summands.get(n, 0.0), logits)
+            for n in goldens
+        }
     return tensors, budgets
 
 
@@ -209,16 +225,33 @@ def generator_versions() -> dict:
     return versions
 
 
-def generate(directory: pathlib.Path = GOLDEN_DIR, cases=CASES, progress=None) -> dict:
-    """Rebuild every golden file and the manifest (written last, atomically)."""
+def generate(directory: pathlib.Path = GOLDEN_DIR, cases=CASES, progress=None, only=None, budgets_only=False) -> dict:
+    """Rebuild the golden files and the manifest (written last, atomically).
+
+    ``only``: fnmatch patterns of case ids; the other cases keep their stored files and manifest entries
+    (a change that touches a few cases regenerates those, not every golden). ``budgets_only``: keep every
+    stored file and input and recompute the budgets and the rule claims alone (a change of the tolerance
+    rules, PREC-2, PREC-6, or of the rules every case claims).
+    """
     directory = pathlib.Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    partial = only is not None or budgets_only
+    stored = load_manifest(directory)["cases"] if partial else {}
+    chosen = [c for c in cases if only is None or any(fnmatch.fnmatchcase(c.id, p) for p in only)]
+    if only is not None and not chosen:
+        raise ValueError(f"only: expected patterns matching case ids, got {list(only)!r}: no case matches")
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
         entries = {}
         for case in cases:
+            if case not in chosen and case.id in stored:
+                entries[case.id] = stored[case.id]
+                continue
             tensors, budgets = build_case(case)
-            save_case(pathlib.Path(tmp), case.id, tensors)
-            entries[case.id] = manifest_entry(case, tensors, budgets)
+            if budgets_only and case.id in stored:
+                entries[case.id] = {**stored[case.id], "budgets": budgets, "rules": list(case.all_rules)}
+            else:
+                save_case(pathlib.Path(tmp), case.id, tensors)
+                entries[case.id] = manifest_entry(case, tensors, budgets)
             if progress:
                 progress(case.id)
         manifest = {
@@ -228,9 +261,11 @@ def generate(directory: pathlib.Path = GOLDEN_DIR, cases=CASES, progress=None) -
             "tolerance": {"k": tolerance.K, "floor_ulps": tolerance.FLOOR_ULPS},
             "cases": entries,
         }
-        for old in directory.glob("*.safetensors"):
-            old.unlink()
-        for new in pathlib.Path(tmp).glob("*.safetensors"):
+        fresh = list(pathlib.Path(tmp).glob("*.safetensors"))
+        if not partial:
+            for old in directory.glob("*.safetensors"):
+                old.unlink()
+        for new in fresh:
             shutil.move(str(new), directory / new.name)
         (directory / MANIFEST).write_text(dump_manifest(manifest), encoding="utf-8")
     return manifest

@@ -15,6 +15,20 @@ nearly 0 (grad/bk does, exactly, in theory: softmax ignores a constant added
 to every key): its scale is that of its weight's gradient (grad/wq, ...), a
 sum of the same terms each multiplied by an input of order 1.
 
+PREC-6 adds two terms to the floor, FLOOR_ULPS ulps each of the accumulation
+dtype (float32 for the 16-bit types, PREC-4): ``summands``, the output's
+*summand scale* (``naive.summands``: max over its entries of sum |product|
+of the products that sum into it, two contractions deep), so that a truth
+that cancels to nearly 0 (grad/bk is exactly 0 in theory: softmax ignores a
+constant added to every logit of a row) gets the budget of a zero computed
+from terms of that size, in any order; and ``logits * scale``, the
+association of a logit's terms (``naive.logit_magnitude``: sum |term| of a
+logit of several terms, content, relative term and biases): an error of
+eps * |logit| in a logit moves its weight by that relative amount, and no
+naive order associates the terms otherwise. The float64 battery
+(``tests/test_float64_battery.py``: the reference in other summation orders,
+torch and jax in float64) passes every check at margin <= 0.5.
+
 The factors ``k`` (written in spec/attention.md, PREC-2, with the reasoning):
 - outputs and weights, 2: the rule FlashAttention's tests use against a
   same-dtype reference; a fused kernel reorders sums but should not be more
@@ -38,6 +52,10 @@ EPS = {
     "float16": float(np.finfo(np.float16).eps),
     "bfloat16": float(ml_dtypes.finfo(ml_dtypes.bfloat16).eps),
 }
+
+
+#: The dtype each test dtype sums in (PREC-2's naive computation; PREC-4 for the 16-bit types).
+ACCUMULATION = {"float64": "float64", "float32": "float32", "float16": "float32", "bfloat16": "float32"}
 
 
 def k_for(output: str) -> float:
@@ -76,7 +94,13 @@ def floor_scale(output: str, goldens: dict) -> float:
     return scale
 
 
-def budget(output: str, dtype: str, e_base: float, scale: float) -> dict:
+def budget(output: str, dtype: str, e_base: float, scale: float, summands: float = 0.0, logits: float = 0.0) -> dict:
+    """PREC-2's ``k * e_base + floor``, the floor with PREC-6's terms: ``summands`` the output's summand scale
+    (``naive.summands``), ``logits`` the case's largest allowed |logit| (``naive.logit_magnitude``)."""
     k = k_for(output)
-    floor = FLOOR_ULPS * EPS[dtype] * scale
-    return {"e_base": e_base, "k": k, "floor": floor, "budget": k * e_base + floor}
+    acc = EPS[ACCUMULATION[dtype]]
+    floor = FLOOR_ULPS * (EPS[dtype] * scale + acc * (summands + logits * scale))
+    entry = {"e_base": e_base, "k": k, "floor": floor, "budget": k * e_base + floor}
+    if summands or logits:
+        entry.update(scale=scale, summands=summands, logits=logits)
+    return entry

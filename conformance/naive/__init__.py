@@ -24,7 +24,7 @@ by ``scheme.name``).
 
 from __future__ import annotations
 
-from .core import backward, forward
+from .core import backward, forward, logit_magnitude, summands
 from .precision import ORDERS, Precision, storage_dtype
 
-__all__ = ["forward", "backward", "ORDERS", "storage_dtype", "Precision"]
+__all__ = ["forward", "backward", "summands", "logit_magnitude", "ORDERS", "storage_dtype", "Precision"]

@@ -13,6 +13,8 @@ the stored budgets were made with it: moving one changes ``e_base``.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 from spec import AttentionSpec
@@ -100,6 +102,7 @@ def forward(spec: AttentionSpec, params: dict, inputs: dict, dtype: str, order: 
     logits = P.mm(q_s, k.swapaxes(-1, -2))  # (B, H, Lq, Lk)
     if order == 0:
         logits = P.rnd(logits * s)
+    terms = [np.abs(logits)]  # PREC-6: the magnitudes of the terms summed into each logit
     key_index = key_valid = value_index = value_valid = buckets = None
     if "key_term" in hooks:  # q_i . rel_k[row(b, i, j)], scaled by s_rel (SCALE-3)
         key_index, key_valid = impl.key_index(scheme, delta)  # (1|B, Lq, Lk)
@@ -111,6 +114,7 @@ def forward(spec: AttentionSpec, params: dict, inputs: dict, dtype: str, order: 
         if order == 0:
             term = P.rnd(term * s_rel)
         logits = P.rnd(logits + term)
+        terms.append(np.abs(term))
     side_table = side_index = None
     if "key_side_term" in hooks:  # k_j . table[row(b, i, j)], times s_side (SHAW-6, SHAW-7)
         side_table, side_index = impl.key_side_index(scheme, delta)
@@ -121,15 +125,21 @@ def forward(spec: AttentionSpec, params: dict, inputs: dict, dtype: str, order: 
         if order == 0:
             term = P.rnd(term * s_side)
         logits = P.rnd(logits + term)
+        terms.append(np.abs(term))
     capped = None
     if spec.softcap is not None:  # SOFTCAP-1: c * tanh(score / c), each step rounded
         c = P.acc.type(spec.softcap)
         capped = P.rnd(np.tanh(P.rnd(logits / c)))
         logits = P.rnd(capped * c)
+        association = _association(terms)  # the sum the cap saw; the capped score is one term again
+        terms = [association, np.abs(logits)] if association is not None else [np.abs(logits)]
     if "bias" in hooks:
-        logits = P.rnd(logits + impl.bias(scheme, P, p, H, qp, kp, delta))
+        scheme_bias = impl.bias(scheme, P, p, H, qp, kp, delta)
+        logits = P.rnd(logits + scheme_bias)
+        terms.append(np.abs(scheme_bias))
     if bias is not None:  # BIAS-1: never scaled
         logits = P.rnd(logits + np.asarray(bias, P.acc))
+        terms.append(np.abs(np.asarray(bias, P.acc)))
 
     w = P.rnd(_softmax(P, logits, allowed, spec.mask_fill))
     keep = inputs.get("dropout_keep")  # DROP-1
@@ -173,33 +183,115 @@ def forward(spec: AttentionSpec, params: dict, inputs: dict, dtype: str, order: 
         side_index=side_index,
         buckets=buckets,
         capped=capped,
+        association=_association(terms),
+        terms=terms,
     )
     return out, w, cache
 
 
-def backward(spec: AttentionSpec, cache: dict, grad_out, order: int = 0) -> dict:
+def summands(spec: AttentionSpec, cache: dict, grad_out) -> dict:
+    """PREC-6: the summand scale of every output by name ("out", "grad/wq", ...), max over its entries of
+    sum |term| over the products that sum into it, two contractions deep (the output: every w_ij v_jc wo_co;
+    a projection's gradient: every x_bl dS_bij k_bj; a table row: every pair's |dS| times its operand);
+    ``cache`` from a float64 ``forward``. A rotation (ROPE) is taken as keeping magnitudes."""
+    c, A = cache, np.abs
+    heads = A(c["wd"]) @ A(c["v"])  # every w_ij v_j of the output's heads, (B, H, Lq, dv)
+    if c["buckets"] is not None:
+        heads = heads + A(c["buckets"]) @ A(as_4d(c["p"]["rel_v"]))
+    scales = {"out": _largest(_merge(heads) @ A(c["p"]["wo"]), c["p"].get("bo"))}
+    # a weight's relative error is that of exp(its logit) and of its denominator: every |q_c k_c| s and
+    # |term| of its own logit, and of the row's logits weighed by their weights
+    contents = (A(c["q"]) @ A(c["k"]).swapaxes(-1, -2)) * abs(spec.effective_scale)
+    extra = sum(c["terms"][1:], np.zeros(()))
+    logit_terms = np.where(c["allowed"], contents + extra, 0.0)
+    w = A(c["w"])
+    scales["weights"] = _largest(w * (logit_terms + (w * logit_terms).sum(-1, keepdims=True)))
+    backward(spec, cache, grad_out, scales=scales)
+    return scales
+
+
+def logit_magnitude(cache: dict) -> float:
+    """PREC-6: max over the allowed pairs of sum |term| of the logit terms another implementation may add in
+    another association (content, relative terms, biases); 0 for a logit of one term. ``cache`` from
+    ``forward``."""
+    association = cache["association"]
+    if association is None:
+        return 0.0
+    return float(np.max(np.broadcast_to(association, cache["allowed"].shape)[cache["allowed"]], initial=0.0))
+
+
+def _association(terms: list):
+    """The summed magnitudes of a logit's terms where it has more than one (a sum whose association varies)."""
+    if len(terms) < 2:
+        return None
+    total = terms[0]
+    for t in terms[1:]:
+        total = total + t
+    return total
+
+
+def _largest(a, extra=None) -> float:
+    """max |a| (+ max |extra|, a bias added to every entry)."""
+    top = float(np.max(np.abs(a), initial=0.0))
+    return top + (0.0 if extra is None else float(np.max(np.abs(extra), initial=0.0)))
+
+
+def _head_magnitudes(spec: AttentionSpec, c: dict, d_logits, d_o) -> dict:
+    """PREC-6: the summed |products| of each head gradient entry, {"q", "k", "v"}: (B, H|Hkv, L, d|dv)."""
+    A = np.abs
+    pairs = A(d_logits) * abs(spec.effective_scale)  # every pair's |dS| times s
+    m_q, m_k = pairs @ A(c["k"]), pairs.swapaxes(-1, -2) @ A(c["q"])
+    m_v = A(c["wd"]).swapaxes(-1, -2) @ A(d_o)
+    if c["key_index"] is not None:
+        rows = scatter_add(A(d_logits) * abs(spec.relative_scale), c["key_index"], as_4d(c["p"]["rel_k"]).shape[-2])
+        m_q = m_q + rows @ A(as_4d(c["p"]["rel_k"]))
+    if c["side_index"] is not None:
+        table = as_4d(c["p"][c["side_table"]])
+        m_k = m_k + scatter_keys(A(d_logits) * abs(spec.key_side_scale), c["side_index"], table.shape[-2]) @ A(table)
+    fold = np.zeros((m_k.shape[0], spec.kv_heads) + m_k.shape[2:])
+    fold_v = np.zeros((m_v.shape[0], spec.kv_heads) + m_v.shape[2:])
+    for h, kv in enumerate(_kv_head(spec)):  # HEAD-3: a loop over heads
+        fold[:, kv] += m_k[:, h]
+        fold_v[:, kv] += m_v[:, h]
+    return {"q": m_q, "k": fold, "v": fold_v}
+
+
+def backward(spec: AttentionSpec, cache: dict, grad_out, order: int = 0, scales: Optional[dict] = None) -> dict:
     """Gradients of <out, grad_out> by the same naive arithmetic (GRAD-1), float64 arrays by name.
 
-    ``cache`` is what ``forward`` returned with the same ``order``; grad_out is (B, Lq, D).
+    ``cache`` is what ``forward`` returned with the same ``order``; grad_out is (B, Lq, D). With ``scales``
+    (a dict), also records there each gradient's summand scale under "grad/<name>" (PREC-6, ``summands``).
     """
     c = cache
     P, p, hooks, impl, scheme = c["P"], c["p"], c["hooks"], c["impl"], c["scheme"]
     H = spec.num_heads
     g = P.rnd(np.asarray(grad_out, np.float64))
     grads = {}
+    A = np.abs
 
-    def lin_vjp(x, w, gy):  # (dx, dw, db) of y = x @ w + b
+    def record(name, terms):  # the summand scale of grads[name]: the same reduction of |terms|
+        if scales is not None:
+            scales["grad/" + name] = max(scales.get("grad/" + name, 0.0), _largest(terms))
+
+    def lin_vjp(x, w, gy, names, magnitude=None):  # (dx, dw, db) of y = x @ w + b
         rows_x, rows_g = x.reshape(-1, x.shape[-1]), gy.reshape(-1, gy.shape[-1])
         db = P.rnd(P.rowsum(rows_g.T)[:, 0])  # summed over every (batch, position), in order
+        if scales is not None:  # ``magnitude``: the summed |products| of each entry of gy, else |gy|
+            m = A(gy) if magnitude is None else magnitude
+            rows_m = m.reshape(rows_g.shape)
+            for name, terms in zip(names, (m @ A(w.T), A(rows_x.T) @ rows_m, rows_m.sum(0))):
+                if name is not None:  # None: not an output (the merged heads)
+                    record(name, terms)
         return P.mm(gy, w.T), P.mm(rows_x.T, rows_g), db
 
-    d_merged, grads["wo"], dbo = lin_vjp(c["merged"], p["wo"], g)
+    d_merged, grads["wo"], dbo = lin_vjp(c["merged"], p["wo"], g, (None, "wo", "bo"))
     d_o = _split(d_merged, H)  # (B, H, Lq, d)
     d_wd = P.mm(d_o, c["v"].swapaxes(-1, -2))  # (B, H, Lq, Lk)
     d_v = P.mm(c["wd"].swapaxes(-1, -2), d_o)  # (B, H, Lk, d)
     if "value_term" in hooks:
         rv = as_4d(p["rel_v"])
         grads["rel_v"] = P.rnd(sum_to(c["buckets"].swapaxes(-1, -2) @ d_o, rv.shape)).reshape(p["rel_v"].shape)
+        record("rel_v", sum_to(A(c["buckets"]).swapaxes(-1, -2) @ A(d_o), rv.shape))
         d_value = gather(P.mm(d_o, rv.swapaxes(-1, -2)), c["value_index"])
         if c["value_valid"] is not None:
             d_value = np.where(c["value_valid"][:, None], d_value, 0)
@@ -209,8 +301,13 @@ def backward(spec: AttentionSpec, cache: dict, grad_out, order: int = 0) -> dict
     d_logits = P.rnd(np.where(c["allowed"], w * (d_w - P.rowsum(w * d_w)), 0))  # GRAD-2
     if c["bias"] is not None:
         grads["bias"] = P.rnd(sum_to(d_logits, np.shape(c["bias"])))
+        record("bias", sum_to(A(d_logits), np.shape(c["bias"])))
     if "bias" in hooks:
         grads.update(impl.bias_vjp(scheme, P, p, spec.num_heads, c["qp"], c["kp"], c["delta"], d_logits))
+        if scales is not None:  # a table read's adjoint: the same scatter of |d logits|
+            magnitudes = impl.bias_vjp(scheme, P, p, spec.num_heads, c["qp"], c["kp"], c["delta"], A(d_logits))
+            for name, t in magnitudes.items():
+                record(name, t)
     if c["capped"] is not None:  # SOFTCAP-1: d score = d capped * (1 - tanh^2)
         d_logits = P.rnd(d_logits * P.rnd(1 - P.rnd(c["capped"] * c["capped"])))
     s, s_rel = spec.effective_scale, spec.relative_scale
@@ -228,17 +325,26 @@ def backward(spec: AttentionSpec, cache: dict, grad_out, order: int = 0) -> dict
         g_rows = P.rnd(scatter_add(g_term, c["key_index"], rk.shape[-2]))  # (B, H, Lq, R)
         d_q = P.rnd(d_q + P.mm(g_rows, rk))
         grads["rel_k"] = P.rnd(sum_to(g_rows.swapaxes(-1, -2) @ c["q"], rk.shape)).reshape(p["rel_k"].shape)
+        if scales is not None:  # every (pair, channel) product summed into a row
+            abs_rows = scatter_add(A(g_term), c["key_index"], rk.shape[-2])
+            record("rel_k", sum_to(abs_rows.swapaxes(-1, -2) @ A(c["q"]), rk.shape))
     if "key_side_term" in hooks:
         table = as_4d(p[c["side_table"]])
         g_rows = P.rnd(scatter_keys(P.rnd(d_logits * spec.key_side_scale), c["side_index"], table.shape[-2]))
         d_k = P.rnd(d_k + P.mm(g_rows, table))  # (B, H, Lk, d)
         d_table = P.rnd(sum_to(g_rows.swapaxes(-1, -2) @ c["k"], table.shape)).reshape(p[c["side_table"]].shape)
         grads[c["side_table"]] = P.rnd(grads[c["side_table"]] + d_table) if c["side_table"] in grads else d_table
+        if scales is not None:
+            abs_rows = scatter_keys(A(d_logits * spec.key_side_scale), c["side_index"], table.shape[-2])
+            record(c["side_table"], sum_to(abs_rows.swapaxes(-1, -2) @ A(c["k"]), table.shape))
     if "qk_transform" in hooks:
         d_q, d_k = impl.qk_transform_vjp(scheme, P, d_q, d_k, c["qp"], c["kp"])
     d_k, d_v = _kv_head_sum(spec, P, d_k), _kv_head_sum(spec, P, d_v)  # HEAD-3
+    magnitudes = {} if scales is None else _head_magnitudes(spec, c, d_logits, d_o)
     for name, x, d_head in (("q", c["query"], d_q), ("k", c["key"], d_k), ("v", c["value"], d_v)):
-        dx, grads["w" + name], db = lin_vjp(x, p["w" + name], _merge(d_head))
+        names = ({"q": "query", "k": "key", "v": "value"}[name], "w" + name, "b" + name)
+        m = magnitudes.get(name)
+        dx, grads["w" + name], db = lin_vjp(x, p["w" + name], _merge(d_head), names, None if m is None else _merge(m))
         if c["dead"] is not None and name != "q":  # MASK-7: a dead key gets no gradient
             dx = np.where(c["dead"][..., None], 0, dx)
         grads[{"q": "query", "k": "key", "v": "value"}[name]] = dx
