@@ -227,15 +227,19 @@ def _cases() -> list[Case]:
 
     # --------------------------------------------------------- mask_fill
     F = replace(V, mask_fill=-1e9)
-    add(Case("mask-fill/-1e9/fully-masked-rows", ("MASK-6",), F, CROSS, recipes=(Mask("B1QK", empty_rows=1),)))
-    add(Case("mask-fill/-1e9/causal", ("MASK-6", "CAUSAL-1"), replace(F, causal=True), D6, self_attention=True))
+    add(Case("mask-fill/-1e9/fully-masked-rows", ("MASK-6", "GRAD-2"), F, CROSS, recipes=(Mask("B1QK", empty_rows=1),)))
+    add(
+        Case(
+            "mask-fill/-1e9/causal", ("MASK-6", "CAUSAL-1", "GRAD-2"), replace(F, causal=True), D6, self_attention=True
+        )
+    )
 
     # a fill near the logits (MASK-6): where the fill goes and what it replaces shows in the result;
     # a bias constant along the keys (singleton key axis) is visible only through the filled keys
     add(
         Case(
             "mask-fill/moderate/causal-bias-mask",
-            ("MASK-6", "MASK-2", "CAUSAL-1", "BIAS-1", "SCALE-4", "PROJ-1", "GRAD-1"),
+            ("MASK-6", "MASK-2", "CAUSAL-1", "BIAS-1", "SCALE-4", "PROJ-1", "GRAD-1", "GRAD-2"),
             replace(V, mask_fill=MODERATE_FILL, causal=True),
             CROSS,
             recipes=(Bias("BHQ1"), Mask("B1QK", empty_rows=1)),

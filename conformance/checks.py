@@ -25,8 +25,9 @@ POISONS = {"dead-keys/nan": np.nan, "dead-keys/large": 1e4}
 #: Rules that only an adapter hook can show (PARAM-3: parameter round trip);
 #: the numeric checks of a case do not claim them.
 HOOK_RULES = frozenset({"PARAM-3"})
-#: Rules only the gradient checks can show (GRAD-1..3; BLOCK-6, the gradients of a blockwise evaluation).
-GRAD_RULES = frozenset({"GRAD-1", "GRAD-2", "GRAD-3", "BLOCK-6"})
+#: Rules only the gradient checks can show (GRAD-1..3; BLOCK-6, the gradients of a blockwise evaluation; T5-5,
+#: the gradient of a bias table).
+GRAD_RULES = frozenset({"GRAD-1", "GRAD-2", "GRAD-3", "BLOCK-6", "T5-5"})
 #: MASK-7 is about what dead keys' rows *could* do: on clean inputs their rows
 #: are ordinary numbers, so only the poison checks (and poisoned gradients) see it.
 POISON_RULES = frozenset({"MASK-7"})
@@ -504,9 +505,7 @@ class CaseRun:
 
     def run_gradients(self):
         # gradients of clean inputs: GRAD-1..3 and the exact zeros of fully masked rows (MASK-5)
-        rules = ("GRAD-1",) + tuple(
-            r for r in self.case.all_rules if r.startswith(("GRAD-2", "GRAD-3", "MASK-5", "BLOCK-6"))
-        )
+        rules = ("GRAD-1",) + tuple(r for r in self.case.all_rules if r in GRAD_RULES or r == "MASK-5")
         if self.device in self.caps.no_gradients:  # the rest of the cell runs; this part is a visible skip
             self.add(
                 "gradients",
