@@ -1424,6 +1424,19 @@ def _cases() -> list[Case]:
             recipes=(Positions("zigzag"), Mask("B11K", density=0.8)),
         )
     )
+    # The same order with mask_fill = -1e9 (BLOCK-2: every key of a block is in the block's statistics, its
+    # disallowed logits filled) and rows left without an allowed key: a fully masked row averages every key
+    # uniformly (MASK-6), and a combination in the log-sum-exp form rounds at the fill's magnitude (BLOCK-3).
+    add(
+        Case(
+            "blockwise/self/zigzag-causal-mask-fill-empty-rows",
+            ("BLOCK-1", "BLOCK-2", "BLOCK-3", "BLOCK-4", "BLOCK-6", "POS-1", "POS-2", "CAUSAL-1", "MASK-6", "GRAD-2"),
+            AttentionSpec(num_heads=2, head_dim=3, causal=True, mask_fill=-1e9),
+            Dims(2, 16, 16),
+            self_attention=True,
+            recipes=(Positions("zigzag"), Mask("B1QK", empty_rows=2)),
+        )
+    )
 
     # ------------------------------------------------------------ profiles
     add(
