@@ -8,13 +8,17 @@ the conformance harness against each: the ``numpy`` adapter on cpu (and
 case of ``conformance.catalog.CASES`` in its widest stored dtype (float64;
 float32 for the cases stored in float32 only, whose inputs the reference
 still computes on in float64, PREC-1; the report names cases with neither).
-A mutant that some check fails
-on is *killed*; one that passes everything *survived*: either it cannot
-change any result the spec defines (then ``campaign_data/equivalent.json``
-says why, and it counts as *equivalent*) or the catalog lacks an input that
-tells it apart. The report lands in ``campaign_data/report.json`` and
+Each mutant carries the rule ids its function's docstring names (else its
+class's, else its module's): the rules its code implements. A mutant that a
+check claiming one of those rules fails on is *killed*; one that only checks
+claiming none of them fail on is *killed-unclaimed* (the catalog lacks the
+claim, or the docstring the rule: a failure of the campaign, like a
+survivor); one that passes everything *survived*: either it cannot change
+any result the spec defines (then ``campaign_data/equivalent.json`` says
+why, and it counts as *equivalent*) or the catalog lacks an input that tells
+it apart. The report lands in ``campaign_data/report.json`` and
 ``campaign_data/REPORT.md``; the exit status is 1 while any survivor has no
-argument (``--allow-survivors``: 0 anyway).
+argument or any mutant is killed-unclaimed (``--allow-survivors``: 0 anyway).
 
 Operators (the ``<operator>`` part of a mutant id):
 
@@ -75,11 +79,15 @@ to it from ``sys.modules``, imports ``numpy_ref`` afresh with the one mutated
 module served from its compiled AST by a meta-path finder, builds a fresh
 ``NumpyRefAdapter`` and ``NumpyBlockwiseAdapter`` and runs the cases (each through both), stopping at the
 first failing check.
-A failing check, an exception escaping a case, an import error or a crash of
-the child kill the mutant (the report says which); a child that runs past
+A failing check, an exception (escaping a case, or caught by the checks
+that fail only on one: ``forward``, ``gradients``), an import error or a
+crash of the child kill the mutant (the report says which; a call the spec
+defines that raises breaks every rule, so these are kills by rule); a child that runs past
 ``--timeout`` seconds is killed by timeout. The cases run in adaptive order:
-the cases that killed the most mutants first (ties in catalog order), so a
-killed mutant costs milliseconds. Mutant i orders the cases by the kills of
+the cases naming one of the mutant's rules first, each group by the mutants
+it killed (most first; ties in catalog order), so a killed mutant costs
+milliseconds; after a failure that claims none of its rules the search for a
+claiming one goes on through every case. Mutant i orders the cases by the kills of
 mutants 0 .. i - WINDOW only, so the report does not depend on ``--jobs``.
 """
 
@@ -94,6 +102,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import re
 import selectors
 import signal
 import sys
@@ -112,7 +121,8 @@ EQUIVALENT_FILE = DATA_DIR / "equivalent.json"
 UNREACHED_FILE = DATA_DIR / "unreached.json"
 PACKAGE = "numpy_ref"
 EXCLUDED = ("definition.py", "schemes/_literal.py")
-STATUSES = ("killed", "timeout", "survived", "equivalent", "unreached", "error-on-build")
+#: killed: a check claiming one of the mutant's rules failed; killed-unclaimed: only checks claiming none of them did.
+STATUSES = ("killed", "killed-unclaimed", "timeout", "survived", "equivalent", "unreached", "error-on-build")
 DEVICE = "cpu"
 #: Each case runs in the first of these dtypes it is stored in (the reference computes in float64 either way).
 DTYPES = ("float64", "float32")
@@ -120,6 +130,11 @@ DTYPES = ("float64", "float32")
 WINDOW = 16
 DEFAULT_JOBS = 2
 DEFAULT_TIMEOUT = 30.0
+#: A rule id as prose names it (only the ids the spec declares count: spec.rule_ids()).
+RULE_MENTION = re.compile(r"\b[A-Z][A-Z0-9]*-\d+\b")
+#: The checks that fail only when the implementation raises (conformance/checks.py): a kill by rule, whatever the
+#: check claims, since a call of the spec that raises breaks every rule, the mutant's too.
+RAISING_CHECKS = frozenset({"forward", "gradients"})
 #: Address space a child may add to what it inherited before a runaway allocation fails.
 CHILD_EXTRA_MEMORY = 4 << 30
 MESSAGE_CHARS = 300
@@ -153,6 +168,7 @@ class Mutant:
     path: tuple = field(repr=False)  # (field, index or None) steps from the module to the changed node
     replacement: object = field(repr=False, compare=False)  # the new node; None: the statement becomes `pass`
     reach: tuple = field(repr=False, default=())  # lines (first, last): the mutant runs when one of them does
+    rules: tuple = ()  # the rule ids its function's docstring names (else its class's, else its module's)
 
     @property
     def module(self) -> str:
@@ -342,6 +358,15 @@ def _bindings(scope) -> dict:
     return first
 
 
+def _docstring_rules(node) -> tuple:
+    """The rule ids of the spec that a module's, class's or function's docstring names, in order."""
+    from spec import rule_ids
+
+    known = set(rule_ids())
+    found = RULE_MENTION.findall(ast.get_docstring(node) or "")
+    return tuple(dict.fromkeys(r for r in found if r in known))
+
+
 class _Generator:
     """Walks one module in a fixed order and lists every mutant of it."""
 
@@ -351,6 +376,7 @@ class _Generator:
         self.found: list = []  # (line, col, order, variant, qualname, operator, node, replacement, path, reach)
         self.order = 0
         self.scope_bindings: dict = {}
+        self.rules = {"<module>": _docstring_rules(self.tree)}  # qualname -> the rules its code implements
 
     # ---------------------------------------------------------------- walk
     def run(self) -> list[Mutant]:
@@ -381,6 +407,7 @@ class _Generator:
                     path=path,
                     replacement=replacement,
                     reach=reach or (line, getattr(node, "end_lineno", None) or line),
+                    rules=self.rules[qualname],
                 )
             )
         return out
@@ -394,6 +421,7 @@ class _Generator:
             prefix = "" if qualname == "<module>" else qualname + "."
             if parents and isinstance(self._scope_of(parents), (ast.FunctionDef, ast.AsyncFunctionDef)):
                 prefix = qualname + ".<locals>."
+            self.rules[prefix + node.name] = _docstring_rules(node) or self.rules[qualname]
             qualname = prefix + node.name
             if not isinstance(node, ast.ClassDef):
                 scope = node
@@ -775,9 +803,13 @@ class _FirstFailure(BaseException):
 
 
 class _StoppingCaseRun(CaseRun):
+    """Stops at the first failing check that claims one of ``stop_rules`` (any failing check when empty)."""
+
+    stop_rules: frozenset = frozenset()
+
     def add(self, check, status, rules, **kw):
         super().add(check, status, rules, **kw)
-        if status == "fail":
+        if status == "fail" and (not self.stop_rules or self.stop_rules & set(rules)):
             raise _FirstFailure(self.results[-1])
 
 
@@ -893,7 +925,12 @@ class _Child:
     def __init__(self, state: "_State", write):
         self.state, self.write = state, write
 
-    def run(self, module: Optional[tuple], order: list[int], stop_early: bool, trace: bool) -> dict:
+    def run(self, module: Optional[tuple], order: list[int], stop_early: bool, trace: bool, rules=()) -> dict:
+        """Run the cases in ``order``; with ``stop_early``, until a check claiming one of ``rules`` fails.
+
+        The cases naming one of ``rules`` run first. A failure of a check that claims none of them is kept
+        (``killed`` with ``by_rule`` False) while the search for a claiming one goes on through every case.
+        """
         state = self.state
         _purge()
         if module is not None:
@@ -911,25 +948,33 @@ class _Child:
             adapters = (NumpyRefAdapter(), NumpyBlockwiseAdapter())
         except Exception as e:
             sys.settrace(None)
-            return {"killed": {"kind": "import", "case": None, "check": None, "message": _describe_exception(e)}}
-        failures, checks = [], 0
+            killed = {"kind": "import", "case": None, "check": None, "message": _describe_exception(e)}
+            return {"killed": dict(killed, by_rule=True)}  # no implementation of the spec imports: every rule fails
+        self.rules = frozenset(rules)
+        if self.rules:
+            order = sorted(order, key=lambda i: not self.rules & set(state.cases[i].all_rules))
+        failures, checks, first = [], 0, None
         for index in order:
             case = state.cases[index]
             self.write({"case": index})
             for adapter in adapters:
                 killed = self.run_case(adapter, index, case, stop_early, failures)
-                if killed is not None:
-                    return {"killed": killed}
                 checks += self.checks
+                if killed is not None and (killed["by_rule"] or not self.rules):
+                    return {"killed": killed}
+                first = first or killed
         sys.settrace(None)
+        if first is not None:
+            return {"killed": first}
         out: dict = {"killed": None, "checks": checks, "failures": failures}
         if tracer is not None:
             out["lines"] = sorted(tracer.hits)
         return out
 
     def run_case(self, adapter, index: int, case, stop_early: bool, failures: list) -> Optional[dict]:
-        """One case through one adapter: what killed the mutant when ``stop_early`` (None otherwise, its
-        failures appended); ``self.checks`` the number of checks it ran."""
+        """One case through one adapter: with ``stop_early``, the failure that killed the mutant (a check
+        claiming one of ``self.rules`` if one fails, else the first failing check) or None; without it None,
+        the failures appended. ``self.checks`` is the number of checks it ran."""
         from .runner import Plan, apply_deviations, matrix
 
         state = self.state
@@ -938,15 +983,19 @@ class _Child:
         if not cells or cells[0][5]:
             return None
         _, caps, device, dtype, _, _ = cells[0]
-        runner_class = _StoppingCaseRun if stop_early and not state.deviations else CaseRun
-        case_run = runner_class(case, state.entries[index], state.tensors[index], adapter, caps, dtype, device)
+        stopping = stop_early and not state.deviations
+        case_run = (_StoppingCaseRun if stopping else CaseRun)(
+            case, state.entries[index], state.tensors[index], adapter, caps, dtype, device
+        )
+        case_run.stop_rules = self.rules
         try:
             results = case_run.run()
         except _FirstFailure as first:
             failure = first.result
-            return {"kind": "check", "case": case.id, "check": failure.check, "message": _short(failure.message)}
+            self.checks = len(case_run.results)
+            return self._killed("check", case.id, failure.check, failure.message, failure.rules)
         except Exception as e:
-            killed = {"kind": "exception", "case": case.id, "check": None, "message": _describe_exception(e)}
+            killed = self._killed("exception", case.id, None, _describe_exception(e), case.all_rules)
             if stop_early:
                 return killed
             failures.append(killed)
@@ -955,16 +1004,23 @@ class _Child:
             adapter.release()
         apply_deviations(results, [d for d in state.deviations if d.adapter == adapter.name])
         self.checks = len(results)
-        for r in results:
-            if r.failed:
-                killed = {"kind": "check", "case": case.id, "check": r.check, "message": _short(r.message)}
-                if stop_early:
-                    return killed
-                failures.append(killed)
+        fails = [r for r in results if r.failed]
+        fails.sort(key=lambda r: not self.rules & set(r.rules))  # a claiming failure first
+        for r in fails:
+            killed = self._killed("check", case.id, r.check, r.message, r.rules)
+            if stop_early:
+                return killed
+            failures.append(killed)
         return None
 
+    def _killed(self, kind, case, check, message, claimed) -> dict:
+        # a call of the spec that raises breaks every rule the call is under, the mutant's among them
+        raised = kind == "exception" or check in RAISING_CHECKS
+        by_rule = raised or not self.rules or bool(self.rules & set(claimed))
+        return {"kind": kind, "case": case, "check": check, "message": _short(message), "by_rule": by_rule}
 
-def _child_entry(state, module, order, stop_early, trace, fd) -> None:
+
+def _child_entry(state, module, order, stop_early, trace, rules, fd) -> None:
     """The body of a forked child: never returns."""
     code = 0
     try:
@@ -980,7 +1036,7 @@ def _child_entry(state, module, order, stop_early, trace, fd) -> None:
         def write(message):
             os.write(fd, (json.dumps(message) + "\n").encode())
 
-        result = _Child(state, write).run(module, order, stop_early, trace)
+        result = _Child(state, write).run(module, order, stop_early, trace, rules)
         write({"result": result})
     except BaseException as e:
         code = 3
@@ -1022,14 +1078,14 @@ class _Pool:
         self.selector = selectors.DefaultSelector()
         self.running: dict = {}  # fd -> _Job
 
-    def start(self, index, module, order, stop_early=True, trace=False) -> None:
+    def start(self, index, module, order, stop_early=True, trace=False, rules=()) -> None:
         read, write = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
             os.close(read)
-            _child_entry(self.state, module, order, stop_early, trace, write)
+            _child_entry(self.state, module, order, stop_early, trace, rules, write)
         os.close(write)
         job = _Job(index, pid, read, time.monotonic())
         self.running[read] = job
@@ -1107,6 +1163,7 @@ class Outcome:
             "operator": m.operator,
             "original": m.original,
             "mutated": m.mutated,
+            "rules": list(m.rules),
             "status": self.status,
         }
         if self.killed_by is not None:
@@ -1139,6 +1196,11 @@ class Campaign:
     @property
     def unargued_survivors(self) -> list:
         return [o for o in self.outcomes if o.status == "survived"]
+
+    @property
+    def unclaimed_kills(self) -> list:
+        """Mutants that only checks claiming none of their rules caught: a rule claim the catalog lacks."""
+        return [o for o in self.outcomes if o.status == "killed-unclaimed"]
 
 
 def load_unreached(path: pathlib.Path = UNREACHED_FILE) -> dict:
@@ -1272,7 +1334,8 @@ def run_campaign(
         elif "timeout" in result:
             outcomes[m.id] = Outcome(m, "timeout", killed_by=result["timeout"])
         elif result.get("killed"):
-            outcomes[m.id] = Outcome(m, "killed", killed_by=result["killed"])
+            status = "killed" if result["killed"].get("by_rule", True) else "killed-unclaimed"
+            outcomes[m.id] = Outcome(m, status, killed_by=result["killed"])
         elif m.id in equivalent:
             outcomes[m.id] = Outcome(m, "equivalent", argument=equivalent[m.id])
         else:
@@ -1319,7 +1382,7 @@ def _run_mutants(state, runnable, jobs, timeout, root, sources, step) -> list:
                     next_index += 1
                     continue
                 order = sorted(range(len(state.cases)), key=lambda i: (-kills[i], i))
-                pool.start(next_index, module, order)
+                pool.start(next_index, module, order, rules=m.rules)
                 next_index += 1
             for index, outcome in pool.finished():
                 results[index] = outcome
@@ -1341,10 +1404,10 @@ def stale_equivalent(equivalent: dict, outcomes: list, files: list, patterns: Op
         o = by_id.get(mutant_id)
         if o is None:
             stale.append((mutant_id, "no longer generated"))
-        elif o.status in ("killed", "timeout"):
+        elif o.status in ("killed", "killed-unclaimed", "timeout"):
             k = o.killed_by or {}
             what = f"{k.get('case')} / {k.get('check')}" if k.get("check") else f"{k.get('case')} ({k.get('kind')})"
-            stale.append((mutant_id, f"{o.status} by {what}" if o.status == "killed" else "killed by timeout"))
+            stale.append((mutant_id, "killed by timeout" if o.status == "timeout" else f"{o.status} by {what}"))
         elif o.status == "error-on-build":
             stale.append((mutant_id, "does not build"))
     return stale
@@ -1374,7 +1437,8 @@ def render_markdown(c: Campaign) -> str:
         "",
         "Written by `python -m conformance campaign` (conformance/campaign.py); do not edit. Each mutant is one "
         "AST change of a numpy_ref file, run against the conformance catalog with the `numpy` adapter on cpu, "
-        "each case in float64 (float32 where it is stored in float32 only); it is killed when some check fails. "
+        "each case in float64 (float32 where it is stored in float32 only); it is killed when a check claiming a "
+        "rule its function's docstring names fails. "
         "A survivor is either equivalent (it cannot change any "
         "result the spec defines; the argument is in `campaign_data/equivalent.json`) or a test input the catalog "
         "lacks.",
@@ -1397,13 +1461,12 @@ def render_markdown(c: Campaign) -> str:
         f"| generated | {t['generated']} |",
     ]
     out += [f"| {s} | {t[s]} |" for s in STATUSES]
-    out += ["", "By file:", "", "| file | generated | killed | timeout | survived | equivalent | unreached |"]
-    out += ["| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    columns = ("killed", "killed-unclaimed", "timeout", "survived", "equivalent", "unreached")
+    out += ["", "By file:", "", "| file | generated | " + " | ".join(columns) + " |"]
+    out += ["| --- | ---: |" + " ---: |" * len(columns)]
     for f in c.targets:
         rows = [o for o in c.outcomes if o.mutant.file == f]
-        counts = [
-            sum(o.status == s for o in rows) for s in ("killed", "timeout", "survived", "equivalent", "unreached")
-        ]
+        counts = [sum(o.status == s for o in rows) for s in columns]
         out.append(f"| {PACKAGE}/{f} | {len(rows)} | " + " | ".join(map(str, counts)) + " |")
     survivors = [o for o in c.outcomes if o.status in ("survived", "equivalent")]
     out += ["", f"## Survivors ({len(survivors)})", ""]
@@ -1417,6 +1480,23 @@ def render_markdown(c: Campaign) -> str:
             )
     else:
         out.append("None.")
+    unclaimed = c.unclaimed_kills
+    out += ["", f"## Killed by a check claiming none of the mutant's rules ({len(unclaimed)})", ""]
+    out.append(
+        "A mutant's rules are those its function's docstring names (else its class's, else its module's). A check "
+        "claiming rule X promises to fail when X is broken; a mutant that only other checks catch is a claim the "
+        "catalog lacks (or a docstring that does not name the rule its code implements)."
+    )
+    if unclaimed:
+        out += ["", "| where | id | original -> mutated | rules | caught by |", "| --- | --- | --- | --- | --- |"]
+        for o in unclaimed:
+            m, k = o.mutant, o.killed_by or {}
+            out.append(
+                f"| {m.where} | `{m.id}` | {_code(m.original)} -> {_code(m.mutated)} | {', '.join(m.rules)} | "
+                f"{k.get('case')} / {k.get('check') or k.get('kind')} |"
+            )
+    else:
+        out += ["", "None."]
     for status, title in (("timeout", "Killed by timeout"), ("error-on-build", "Errors on build")):
         rows = [o for o in c.outcomes if o.status == status]
         if rows:
@@ -1533,7 +1613,8 @@ def main(args, progress=None) -> int:
     t = c.totals()
     print(
         f"mutation campaign: {t['generated']} mutants in {len(c.targets)} files, {len(c.case_ids)} cases: "
-        f"{t['killed']} killed, {t['timeout']} timeouts, {t['survived']} survived, {t['equivalent']} equivalent, "
+        f"{t['killed']} killed by rule, {t['killed-unclaimed']} killed by checks claiming none of their rules, "
+        f"{t['timeout']} timeouts, {t['survived']} survived, {t['equivalent']} equivalent, "
         f"{t['unreached']} unreached, {t['error-on-build']} errors on build ({elapsed:.0f} s)"
     )
     for i, why in c.stale:
@@ -1541,9 +1622,15 @@ def main(args, progress=None) -> int:
     for o in c.unargued_survivors:
         m = o.mutant
         print(f"  SURVIVED {m.id}  {m.where}  {' '.join(m.original.split())} -> {' '.join(m.mutated.split())}")
+    for o in c.unclaimed_kills:
+        m, k = o.mutant, o.killed_by or {}
+        print(
+            f"  KILLED-UNCLAIMED {m.id}  {m.where}  rules {', '.join(m.rules)}; caught only by "
+            f"{k.get('case')} / {k.get('check') or k.get('kind')}"
+        )
     unexplained = unexplained_unreached(c)
     for group in unexplained:
         print(f"  UNREACHED without a reason in unreached.json: {group}")
-    if (c.unargued_survivors or unexplained) and not args.allow_survivors:
+    if (c.unargued_survivors or c.unclaimed_kills or unexplained) and not args.allow_survivors:
         return 1
     return 0

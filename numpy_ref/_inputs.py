@@ -65,7 +65,8 @@ def _positions(x, L: int) -> np.ndarray:
 def prepare(
     spec: AttentionSpec, params, query, key, value, *, mask, bias, q_positions, k_positions, dropout_keep
 ) -> Call:
-    """Validate every argument (INPUT-1) and convert to the reference's types."""
+    """Validate every argument (INPUT-1) and convert to the reference's types: the default positions (POS-1),
+    no keep mask without one (DROP-3: no dropout)."""
     if not isinstance(params, dict):
         raise TypeError(f"params: expected a dict of arrays, got {type(params).__name__}")
     info = {n: describe(a) for n, a in params.items()}

@@ -49,8 +49,9 @@ def backward(spec: AttentionSpec, trace: Trace, grad_out: np.ndarray) -> dict:
 
 
 def backward_heads(spec: AttentionSpec, trace: Trace, d_o: np.ndarray, rows: Optional[np.ndarray] = None) -> dict:
-    """The VJP of ``forward.run`` from the gradient of each head's output ``d_o`` (B, H, Lq, dv) back, OUT-1
-    excluded: every input gradient and every parameter's but wo's and bo's.
+    """GRAD-1: the VJP of ``forward.run`` from the gradient of each head's output ``d_o`` (B, H, Lq, dv) back, OUT-1
+    excluded: every input gradient and every parameter's but wo's and bo's. A dead key's row (MASK-7) enters the
+    projections' VJP as the zeros the forward pass put there, and its input gradient is 0.
 
     ``rows`` (B, H, Lq), when given, stands for each row's sum_j w_ij dL/dw_ij in the softmax's VJP: a block of
     keys differentiated alone takes the whole row's sum there (BLOCK-6); by default the trace's own.

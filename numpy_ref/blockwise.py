@@ -94,7 +94,7 @@ def combine(stats: list) -> tuple:
 
 def block_weights(stats: list) -> tuple:
     """BLOCK-3: (m, l, [c_J / l]): the combined maximum and denominator and each block's share of every row
-    (0 for all when every block is empty)."""
+    (0 for all when every block is empty, MASK-5): the normalisation of SOFTMAX-1 across the blocks (BLOCK-4)."""
     m_all = np.stack([s[0] for s in stats])  # (n, B, H, Lq)
     m = m_all.max(axis=0)
     shift = np.where(np.isfinite(m), m, 0.0)
@@ -184,8 +184,9 @@ def attention_blockwise_vjp(
 
 
 def blockwise_backward(spec: AttentionSpec, call: Call, grad_out: np.ndarray, blocks: list, block_backward=None):
-    """BLOCK-6 over the blocks (index arrays) of a prepared call: every gradient by name. ``block_backward(spec,
-    trace, d_o, rows)`` differentiates one block's call (default ``backward_heads``)."""
+    """BLOCK-6 over the blocks (index arrays) of a prepared call: every gradient by name (GRAD-1).
+
+    ``block_backward(spec, trace, d_o, rows)`` differentiates one block's call (default ``backward_heads``)."""
     block_backward = backward_heads if block_backward is None else block_backward
     Lk = call.dims.Lk
     blocks = [J for J in blocks if len(J)]

@@ -66,7 +66,7 @@ def context(spec: AttentionSpec, call: Call, delta: np.ndarray) -> schemes.Conte
 
 
 def run(spec: AttentionSpec, call: Call) -> Trace:
-    """The forward pass over a validated call, keeping every intermediate.
+    """The forward pass over a validated call, keeping every intermediate; dead keys' rows zeroed first (MASK-7).
 
     The scheme's hooks are applied in the order of REL-3: q/k transform, key
     term (times s_rel, SCALE-3), key-side term (SHAW-7), bias (unscaled), value term (after dropout,

@@ -30,7 +30,9 @@ def repeat_kv_heads(x: np.ndarray, group: int) -> np.ndarray:
 
 
 def sum_kv_heads(g: np.ndarray, group: int) -> np.ndarray:
-    """The adjoint of ``repeat_kv_heads``: (B, H, L, c) -> (B, Hkv, L, c), the G query heads of a group summed."""
+    """GRAD-1 for HEAD-4, the adjoint of ``repeat_kv_heads``: (B, H, L, c) -> (B, Hkv, L, c).
+
+    The G query heads of a group summed."""
     if group == 1:
         return g
     B, H, L, c = g.shape

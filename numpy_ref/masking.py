@@ -26,6 +26,9 @@ def allowed_keys(
 ) -> np.ndarray:
     """MASK-4: allowed[b, h, i, j] = mask AND (delta <= 0 if causal) AND in the window AND bias != -inf.
 
+    The terms: CAUSAL-1, WINDOW-1, MASK-2 (the mask, combined by AND), BIAS-2 (a -inf bias); the keys no
+    query may attend are MASK-7's dead keys.
+
     ``shape`` is (B, H, Lq, Lk); the result has exactly that shape.
     """
     allowed = np.ones(shape, dtype=bool)

@@ -24,7 +24,9 @@ def as_4d(table: np.ndarray) -> np.ndarray:
 
 
 def sum_to(x: np.ndarray, shape) -> np.ndarray:
-    """Sum x over the axes that broadcasting added or stretched, back to ``shape``."""
+    """GRAD-1: sum x over the axes that broadcasting added or stretched, back to ``shape``.
+
+    The gradient of an input that broadcasting widened."""
     lead = x.ndim - len(shape)
     x = x.sum(axis=tuple(range(lead))) if lead else x
     axes = tuple(i for i, n in enumerate(shape) if n == 1 and x.shape[i] != 1)
@@ -37,7 +39,7 @@ def rows_logits(q: np.ndarray, table4: np.ndarray) -> np.ndarray:
 
 
 def rows_logits_vjp(q: np.ndarray, table4: np.ndarray, g: np.ndarray):
-    """VJP of ``rows_logits``: (dq, dtable4) from g (B, H, Lq, R)."""
+    """GRAD-1, the VJP of ``rows_logits``: (dq, dtable4) from g (B, H, Lq, R)."""
     return g @ table4, sum_to(g.swapaxes(-1, -2) @ q, table4.shape)
 
 
@@ -152,7 +154,7 @@ def skew(r: np.ndarray, Lk: int) -> np.ndarray:
 
 
 def unskew(g: np.ndarray, W: int) -> np.ndarray:
-    """The adjoint of ``skew``: scatter g (B, H, Lq, Lk) back to (B, H, Lq, W).
+    """GRAD-1, the adjoint of ``skew``: scatter g (B, H, Lq, Lk) back to (B, H, Lq, W).
 
     The skew maps distinct (i, j) to distinct columns, so a write through the
     same strided view is an exact scatter.
@@ -170,7 +172,7 @@ def unskew(g: np.ndarray, W: int) -> np.ndarray:
 
 
 def scatter_rows(shape, row: np.ndarray, valid: np.ndarray, g_rows: np.ndarray) -> np.ndarray:
-    """Adjoint of ``reachable_rows``: add per-distance gradients back into table rows.
+    """GRAD-1, the adjoint of ``reachable_rows``: add per-distance gradients back into table rows.
 
     g_rows is (1|B, 1|H, W, d) as ``reachable_rows`` returned it; the result
     is the 4-d table (1, 1|H, R, d).

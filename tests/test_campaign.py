@@ -99,6 +99,24 @@ def test_docstrings_strings_and_exception_messages_are_never_mutated():
     assert [(m.operator, m.mutated) for m in campaign.generate(source, "h.py")] == [("stmt-drop", "pass")]
 
 
+def test_a_mutant_carries_the_rules_its_function_or_else_its_module_names():
+    source = (
+        '"""Module: MASK-5 and SOFTMAX-1."""\n\n\n'
+        'def h(x):\n    """MASK-4 (MASK-2), not UTF-8 or NOPE-1: ids the spec declares."""\n    return x - 1\n\n\n'
+        'def k(x):\n    """Nothing named."""\n\n    def inner(y):\n        return y + 1\n\n    return inner(x) * 2\n'
+    )
+    rules = {m.id: m.rules for m in campaign.generate(source, "r.py")}
+    assert rules["r.py:h:arith:0"] == ("MASK-4", "MASK-2")
+    assert rules["r.py:k:arith:0"] == rules["r.py:k.<locals>.inner:arith:0"] == ("MASK-5", "SOFTMAX-1")
+
+
+def test_every_reference_mutant_names_rules_of_the_spec(reference_mutants):
+    from spec import rule_ids
+
+    known = set(rule_ids())
+    assert all(m.rules and set(m.rules) <= known for m in reference_mutants)
+
+
 def test_a_default_value_is_reached_when_its_function_body_runs():
     source = 'def h(n=3):\n    """Doc."""\n    return n - 1\n'
     by_id = {m.id: m for m in campaign.generate(source, "h.py")}
@@ -211,11 +229,30 @@ def test_the_runner_kills_wrong_softmax_and_dropped_mask_and_spares_an_equivalen
         o = status[ids[name]]
         assert o.status == "killed", o
         assert o.killed_by["kind"] == "check" and o.killed_by["case"] in CASE_IDS and o.killed_by["check"]
+        assert o.killed_by["by_rule"] and o.mutant.rules
     assert status[ids["mask-dropped"]].killed_by["case"].startswith("mask/")
     assert status[ids["equivalent"]].status == "equivalent"
     assert status[ids["equivalent"]].argument.startswith("the fallback")
     assert status[ids["unreached"]].status == "unreached"
     assert small_campaign.checks > 0 and small_campaign.case_ids == [c.id for c in CASES if c.id in CASE_IDS]
+
+
+def test_a_kill_by_a_check_claiming_none_of_the_mutants_rules_is_a_failure(ids, monkeypatch, tmp_path, capsys):
+    """The wrong softmax breaks SOFTMAX-1; told that it implements ROPE-1 alone (which no vanilla or mask case
+    claims), the campaign finds no claiming check among its failures and says so."""
+    monkeypatch.setattr(campaign, "_docstring_rules", lambda node: ("ROPE-1",))
+    c = campaign.run_campaign(
+        targets=["masking.py"], mutant_patterns=[ids["inverted-max"]], cases=[c for c in CASES if c.id in CASE_IDS]
+    )
+    (o,) = c.outcomes
+    assert o.status == "killed-unclaimed" and o.mutant.rules == ("ROPE-1",)
+    assert o.killed_by["by_rule"] is False and o.killed_by["case"] in CASE_IDS
+    assert c.unclaimed_kills == [o] and c.totals()["killed-unclaimed"] == 1
+    monkeypatch.setattr(campaign, "run_campaign", lambda **kw: c)
+    assert campaign.main(_args(report_dir=str(tmp_path))) == 1
+    assert f"KILLED-UNCLAIMED {ids['inverted-max']}" in capsys.readouterr().out
+    md = (tmp_path / "REPORT.md").read_text()
+    assert "## Killed by a check claiming none of the mutant's rules (1)" in md and "| ROPE-1 |" in md
 
 
 def test_stale_equivalence_arguments_are_reported(small_campaign, ids):
@@ -248,6 +285,7 @@ def test_the_report_renders(small_campaign, ids, tmp_path):
     assert data["totals"] == {
         "generated": 4,
         "killed": 2,
+        "killed-unclaimed": 0,
         "timeout": 0,
         "survived": 0,
         "equivalent": 1,
@@ -257,7 +295,8 @@ def test_the_report_renders(small_campaign, ids, tmp_path):
     records = {r["id"]: r for r in data["mutants"]}
     killed = records[ids["inverted-max"]]
     assert killed["file"] == "numpy_ref/masking.py" and killed["original"] == "z - row_max"
-    assert set(killed["killed_by"]) == {"kind", "case", "check", "message"}
+    assert set(killed["killed_by"]) == {"kind", "case", "check", "message", "by_rule"}
+    assert killed["killed_by"]["by_rule"] is True and "SOFTMAX-1" in killed["rules"]
     assert [s["id"] for s in data["stale_equivalent"]] == [ids["mask-dropped"]]
     md = (tmp_path / "REPORT.md").read_text()
     eq = records[ids["equivalent"]]

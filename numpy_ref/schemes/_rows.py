@@ -16,7 +16,7 @@ def table_bias(rel_b: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 
 def table_bias_vjp(rows: np.ndarray, num_rows: int, g: np.ndarray) -> np.ndarray:
-    """d rel_b (H, R): g (B, H, Lq, Lk) summed over every pair that reads row r, per head."""
+    """T5-5 (GRAD-1): d rel_b (H, R), g (B, H, Lq, Lk) summed over every pair that reads row r, per head."""
     H = g.shape[1]
     index = np.broadcast_to(rows[:, None], g.shape)  # (B, H, Lq, Lk)
     out = np.zeros((H, num_rows), dtype=np.float64)
