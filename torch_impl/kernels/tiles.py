@@ -293,7 +293,7 @@ def _tile(run: _Run, t: Tile):
     dropped = _core.dropout(weights, t.cut(call.dropout_keep), spec.dropout)  # DROP-1
     o = _core.grouped_values(dropped.to(q_s.dtype), run.v[t.b, kv, : t.k1])  # (b, h, T, dv), HEAD-3, HEAD-4
     if "value_term" in hooks:  # DROP-4
-        o = o + run.unit.tile_value_term(run.state, dropped, t)
+        o = o + run.unit.tile_value_term(run.state, dropped, t).to(o.dtype)  # the term is in the stat dtype
     return o, (weights.to(q_s.dtype) if call.return_weights else None)
 
 

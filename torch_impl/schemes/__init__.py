@@ -37,7 +37,7 @@ to the tile)):
   ``rows`` the most queries of a tile; ``stat`` the weights' dtype (PREC-4);
 - ``tile_key_term(state, tile, ws) -> (b, h, T, k1)`` with s_rel included,
   ``ws`` a ``Workspace`` or None;
-- ``tile_value_term(state, w, tile) -> (b, h, T, dv)`` from the tile's
+- ``tile_value_term(state, w, tile) -> (b, h, T, dv)`` (the kernel casts it to the output dtype) from the tile's
   weights after dropout (b, h, T, k1);
 - ``key_side_state(scheme, params, k, call, *, group) -> state`` once per
   call, k (B, Hkv, Lk, d) with the key-side factor folded in (SHAW-7), and

@@ -95,12 +95,14 @@ def tile_state(scheme, params: dict, q: torch.Tensor, call, *, causal: bool, row
     q (B, H, Lq, d): the queries as the key term sees them (times s_rel,
     SCALE-3); ``call``: the positions; ``causal``: whether the caller masks
     every key after the diagonal (CAUSAL-1), so that the skew may skip the
-    positive distances. ``rows`` and ``stat`` are not needed.
+    positive distances. ``rows`` is not needed; ``stat``: the dtype of the weights (PREC-4), and of the value
+    table, whose gradient every tile adds to (summed in float32 for 16-bit inputs, rounded once).
     """
     row = valid = None
     if not call.default_positions:
         row, valid = huang_index(call.delta, scheme.max_len)
-    return TileState(scheme.max_len, causal, q, params["rel_k"], params.get("rel_v"), row, valid)
+    rel_v = params["rel_v"].to(stat) if scheme.values else None
+    return TileState(scheme.max_len, causal, q, params["rel_k"], rel_v, row, valid)
 
 
 def tile_key_term(state: TileState, tile, ws=None) -> torch.Tensor:

@@ -111,7 +111,10 @@ def tile_state(scheme, params: dict, q: torch.Tensor, call, *, causal: bool, row
         max_distance=k,
         num_rows=scheme.num_rows,
         rows=rows_logits(q, params["rel_k"]) if scheme.keys else None,
-        rel_v=params["rel_v"] if scheme.values else None,
+        # PREC-4: every tile adds its share of the table's gradient: kept in the stat dtype, they are summed in
+        # float32 for 16-bit inputs and rounded once (in bfloat16, 32 tiles' shares summed in bfloat16 missed
+        # grad/rel_v's budget by 1.2x)
+        rel_v=params["rel_v"].to(stat) if scheme.values else None,
         index=None if default else shaw_index(call.delta, k),
         key_band=key_band_index(rows, k, q.device) if default and scheme.keys else None,
         value_band=value_band_index(call.Lq, k, q.device) if default and scheme.values and k > 0 else None,
