@@ -42,12 +42,13 @@ H8 = AttentionSpec(num_heads=2, head_dim=4, relative=Huang(8))
 D6 = Dims(2, 6, 6)
 CROSS = Dims(2, 5, 7)
 #: A bias offset that makes every logit about +-1000: exp overflows (or underflows every key) unless the
-#: row maximum is subtracted (SOFTMAX-1). The cases are float32 only: float16 and bfloat16 cannot hold
-#: such a bias to better than a few units, and in float64 a logit of 1000 is rounded at 1e-13, so the
-#: association of its terms (bias, content, relative term), which no rule fixes, moves the result by
-#: more than the float64 budgets (PREC-2 prices the order of the contractions, not of these sums).
+#: row maximum is subtracted (SOFTMAX-1). The cases are float64 and float32: float16 and bfloat16 cannot
+#: hold such a bias to better than a few units (bfloat16's ulp at 1000 is 8: the weights would be noise in any
+#: order). In float64 a logit of 1000 is rounded at 1e-13, so the association of its terms (bias, content,
+#: relative term), which no rule fixes, moves the result by eps * |logit|: PREC-6's logit term of the floor.
 LARGE = 1000.0
-WIDE = ("float32",)
+WIDE = ("float64", "float32")
+WIDE_WHY = "float64 and float32 only: a 16-bit logit near 1000 is rounded by units (bfloat16's ulp there is 8)"
 #: A mask_fill near the logits' own size (MASK-6): a filled key keeps a visible weight.
 MODERATE_FILL = -1.5
 #: (b, h, i): query row i empty in batch element b and head h only (the others attend).
@@ -83,6 +84,7 @@ def _cases() -> list[Case]:
             CROSS,
             recipes=(Bias("BHQK", offset=LARGE), Mask("B1QK")),
             dtypes=WIDE,
+            notes=WIDE_WHY,
         )
     )
     add(
@@ -93,6 +95,7 @@ def _cases() -> list[Case]:
             CROSS,
             recipes=(Bias("BHQK", offset=-LARGE),),
             dtypes=WIDE,
+            notes=WIDE_WHY,
         )
     )
 
@@ -428,6 +431,7 @@ def _cases() -> list[Case]:
             CROSS,
             recipes=(Bias("1HQK", offset=LARGE),),
             dtypes=WIDE,
+            notes=WIDE_WHY,
         )
     )
 
@@ -572,6 +576,7 @@ def _cases() -> list[Case]:
             CROSS,
             recipes=(Bias("1HQK", offset=-LARGE),),
             dtypes=WIDE,
+            notes=WIDE_WHY,
         )
     )
 
@@ -1114,6 +1119,7 @@ def _cases() -> list[Case]:
             CROSS,
             recipes=(Bias("BHQK", offset=LARGE), Mask("B1QK")),
             dtypes=WIDE,
+            notes=WIDE_WHY,
         )
     )
 
@@ -1387,6 +1393,7 @@ def _cases() -> list[Case]:
                 CROSS,
                 recipes=(Bias("BHQK", offset=LARGE), Mask("B1QK")),
                 dtypes=WIDE,
+                notes=WIDE_WHY,
             )
         )
         add(
@@ -1477,6 +1484,8 @@ def _cases() -> list[Case]:
     )
 
     # ------------------------------------------------------ argument errors
+    c += _combination_cases()
+
     add(
         Case(
             "errors/mask-not-boolean",
@@ -1562,6 +1571,113 @@ def _cases() -> list[Case]:
                 extra_features=frozenset({needs}),
             )
         )
+    return c
+
+
+def _combination_cases() -> list[Case]:
+    """The cases that fill coverage's combinations table (conformance/coverage.py: SUBJECTS x AXES): each
+    scheme and option also in a decode step (one query after a cache of keys, POS-3) and past every kernel's
+    first query tile (Lq, Lk >= 512), where no case of its own chapter puts it. Each combines several
+    options, so that a rule exercised only with one setting elsewhere is exercised in the other here."""
+    c = []
+    add = c.append
+    decode = Dims(2, 1, 24)  # the query at position 23, after keys 0 .. 23 (bottom-right, POS-3)
+    # decode steps: the window and the padding cut the cache; grouped heads read their group's key
+    add(
+        Case(
+            "decode/vanilla/window-gqa-padding",
+            CORE + ("POS-3", "CAUSAL-1", "WINDOW-1", "HEAD-3", "MASK-2", "MASK-7"),
+            AttentionSpec(num_heads=4, head_dim=4, num_kv_heads=2, causal=True, window=(8, 0)),
+            decode,
+            recipes=(Positions("bottom-right"), Mask("B11K", dead_keys=3)),
+        )
+    )
+    # every term of Shaw at once, beyond its clip distance, unscaled, per head, with every peer option
+    add(
+        Case(
+            "decode/shaw/k3-key-side-values-per-head-unscaled-gqa-dv-softcap-window-dropout",
+            REL
+            + SHAW
+            + ("SHAW-5", "SHAW-6", "SHAW-7", "POS-3", "CAUSAL-1", "WINDOW-1", "HEAD-3", "HEAD-4", "SOFTCAP-1")
+            + ("DROP-1", "DROP-4", "MASK-2", "BIAS-1"),
+            AttentionSpec(
+                num_heads=4,
+                head_dim=2,
+                num_kv_heads=2,
+                value_head_dim=3,
+                softcap=2.0,
+                window=(12, 0),
+                causal=True,
+                scale_relative=False,
+                dropout=0.25,
+                relative=Shaw(3, per_head=True, key_side="shared"),
+            ),
+            decode,
+            recipes=(Positions("bottom-right"), Mask("B1QK"), Bias("B1QK"), Keep()),
+        )
+    )
+    # Huang's key and value terms beyond the table (HUANG-3, HUANG-6), the masked keys filled (MASK-6)
+    add(
+        Case(
+            "decode/huang/M8-values-mask-fill-bias",
+            REL + HUANG + ("HUANG-3", "HUANG-6", "POS-3", "CAUSAL-1", "MASK-2", "MASK-6", "BIAS-1", "GRAD-2"),
+            AttentionSpec(
+                num_heads=2, head_dim=4, causal=True, mask_fill=MODERATE_FILL, relative=Huang(8, values=True)
+            ),
+            decode,
+            recipes=(Positions("bottom-right"), Mask("B11K", density=0.7), Bias("B1QK")),
+        )
+    )
+    # long, not causal: a two-sided window over 512 tokens, every Shaw term, one key/value head, a custom
+    # scale, padding by the mask and by a -inf bias, dropout; the masks and biases are broadcast over queries
+    # or batch to stay small
+    long = Dims(1, 512, 512)
+    add(
+        Case(
+            "long/shaw/k4-own-key-side-values-mqa-dv-softcap-window-dropout-padding-L512",
+            REL
+            + SHAW
+            + ("SHAW-5", "SHAW-6", "SHAW-7", "SCALE-1", "WINDOW-1", "HEAD-3", "HEAD-4", "SOFTCAP-1")
+            + ("DROP-1", "DROP-4", "MASK-2", "MASK-7", "BIAS-1", "BIAS-2"),
+            AttentionSpec(
+                num_heads=2,
+                head_dim=2,
+                num_kv_heads=1,
+                value_head_dim=3,
+                scale=0.6,
+                softcap=2.0,
+                window=(40, 24),
+                scale_relative=False,
+                dropout=0.25,
+                relative=Shaw(4, key_side="own"),
+            ),
+            long,
+            self_attention=True,
+            store_weights=False,
+            recipes=(Mask("B11K", dead_keys=5), Bias("B11K", dead_keys=((0, 3),)), Keep()),
+            notes="past every kernel's first query tile; weights not stored",
+        )
+    )
+    # long, causal, shifted positions, no projection biases: Huang's value term and a moderate mask_fill
+    add(
+        Case(
+            "long/huang/M64-values-causal-mask-fill-no-projection-bias-L512",
+            REL + HUANG + ("HUANG-3", "HUANG-6", "PROJ-1", "POS-4", "CAUSAL-1", "MASK-2", "MASK-6"),
+            AttentionSpec(
+                num_heads=2,
+                head_dim=4,
+                bias=False,
+                causal=True,
+                mask_fill=MODERATE_FILL,
+                relative=Huang(64, values=True),
+            ),
+            long,
+            self_attention=True,
+            store_weights=False,
+            recipes=(Mask("B11K", dead_keys=4), Positions("shifted")),
+            notes="past every kernel's first query tile; weights not stored",
+        )
+    )
     return c
 
 

@@ -217,12 +217,12 @@ def cmd_campaign(args) -> int:
         pass
     bars = []
 
-    def progress(total):
+    def progress(total, package="numpy_ref"):
         step = _progress_bar(total, not args.no_progress)
         if step is None:
             return None
         bars.append(step)
-        return lambda mutant_id: step("numpy", "cpu", "float64", mutant_id)
+        return lambda mutant_id: step(package, "cpu", "float64", mutant_id)
 
     try:
         return campaign.main(args, progress=progress)
@@ -243,7 +243,7 @@ def cmd_coverage(args) -> int:
         print(f"wrote {coverage.STORED}")
     else:
         print(text, end="")
-    missing = coverage.gaps(rows)
+    missing = coverage.gaps(rows) + coverage.combination_gaps(coverage.combinations())
     return 1 if missing else 0
 
 
@@ -332,21 +332,54 @@ def parser() -> argparse.ArgumentParser:
     ver = sub.add_parser("verify", help="recompute the goldens; report drift beyond the noise bounds of PREC-5")
     ver.add_argument("-v", "--verbose", action="store_true", help="also list the changes within the noise bounds")
     camp = sub.add_parser(
-        "campaign", help="mutation campaign: AST mutants of numpy_ref against the catalog (POSIX: forks per mutant)"
+        "campaign",
+        help="mutation campaign: AST mutants of numpy_ref (or of torch_impl's kernels) against the catalog "
+        "(POSIX: forks per mutant)",
+        description="AST mutants of a package run against the catalog, each in a forked child (POSIX). Default: "
+        "numpy_ref through the numpy and numpy:blockwise adapters. --package torch_impl (or --kernel torch:eager, "
+        "torch:tiles, torch:sdpa) mutates torch_impl's kernels and the code they share, run through those "
+        "kernels' adapters (the tiles kernel with tiles of a few rows). See conformance/campaign.py.",
     )
     camp.add_argument(
-        "--target", action="append", help="numpy_ref file to mutate, relative to numpy_ref/ or a pattern (repeatable)"
+        "--package",
+        action="append",
+        help="package to mutate: numpy_ref (the default) or torch_impl, every kernel of it (repeatable)",
+    )
+    camp.add_argument(
+        "--kernel",
+        action="append",
+        help="one kernel to mutate, with the shared code it runs: numpy, torch:eager, torch:tiles or torch:sdpa "
+        "(repeatable)",
+    )
+    camp.add_argument("--all", action="store_true", help="every package and kernel (numpy_ref, then torch_impl)")
+    camp.add_argument(
+        "--target",
+        action="append",
+        help="file to mutate, relative to its package (numpy_ref by default) or the repository "
+        "(torch_impl/kernels/tiles.py), or a pattern (repeatable)",
     )
     camp.add_argument("--mutant", action="append", help="mutant id pattern (fnmatch; repeatable)")
     camp.add_argument("--jobs", type=int, default=2, help="mutants run at once (default 2)")
     camp.add_argument("--timeout", type=float, default=30.0, help="seconds per mutant before it counts as a timeout")
-    camp.add_argument("--report-dir", help="folder for report.json and REPORT.md (default conformance/campaign_data)")
-    camp.add_argument("--equivalent", help="equivalence arguments (default conformance/campaign_data/equivalent.json)")
+    camp.add_argument(
+        "--report-dir",
+        help="folder for report.json and REPORT.md (default conformance/campaign_data; a package other than "
+        "numpy_ref writes to its subfolder, torch_impl/)",
+    )
+    camp.add_argument(
+        "--equivalent",
+        help="equivalence arguments (default conformance/campaign_data/equivalent.json, "
+        "campaign_data/torch_impl/equivalent.json for torch_impl)",
+    )
     camp.add_argument("--allow-survivors", action="store_true", help="exit 0 even when a mutant survived unargued")
     camp.add_argument("--list", action="store_true", help="list the mutants without running them")
     camp.add_argument("--show", metavar="ID", help="print one mutant as a diff without running it")
     camp.add_argument("--no-progress", action="store_true", help="no progress bar")
-    cov = sub.add_parser("coverage", help="the catalog-coverage table: input dimension x scheme -> cases")
+    cov = sub.add_parser(
+        "coverage",
+        help="the catalog-coverage tables: input dimension x scheme -> cases; scheme or option x causal, positions, "
+        "decode step, long, dtype -> cases",
+    )
     cov.add_argument("--write", action="store_true", help="write it to conformance/COVERAGE.md instead of printing")
     onnx_tests = sub.add_parser(
         "onnx-node-tests",

@@ -1,12 +1,19 @@
-"""The catalog-coverage review: which cases vary which input dimension, per position scheme.
+"""The catalog-coverage review: which cases vary which input dimension, per position scheme, and which
+cases cross every scheme and option with the axes along which a rule can hold in one setting and not another.
 
 Each *dimension* is a predicate over a case and its stored inputs (masks,
 bias, positions and the exact-check data are read from the goldens, so the
 table says what the cases really contain, not what their names promise).
-``python -m conformance coverage`` prints the table (``--write`` stores it); ``conformance/COVERAGE.md``
-is its stored form, and a test keeps the two equal. A dimension marked
+``python -m conformance coverage`` prints the tables (``--write`` stores them); ``conformance/COVERAGE.md``
+is their stored form, and a test keeps the two equal. A dimension marked
 *every scheme* must have a case in each scheme column (vanilla, Shaw,
-Huang): the mistakes it exposes are written once per scheme in real code.
+Huang, ...): the mistakes it exposes are written once per scheme in real code.
+
+The second table, *combinations*, has a row per scheme and per option (a *subject*) and a column per
+*axis*: causal and not, default and explicit positions, a decode step and a sequence past every kernel's
+first query tile, and each dtype. A rule exercised only with ``causal=True``, only at default positions,
+only at one length or only in float32 is untested in the others; so every cell needs a case, or the
+subject names the one-line reason why the combination means nothing.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from .cases import Case
+from .cases import ALL_DTYPES, Case
 from .catalog import CASES
 from .checks import ERROR_INPUTS
 from .store import load_case, load_manifest
@@ -385,10 +392,126 @@ def _bias_broadcast(v: View) -> bool:
     return b.ndim < 4 or any(s == 1 and f > 1 for s, f in zip(b.shape[:2], full[:2]))
 
 
+# ------------------------------------------------------------ combinations
+
+#: Queries and keys past the first query tile of every kernel at its default knobs: torch tiles' and jax tiles'
+#: short tiles of 256 queries (jax tiles' causal tiling from Lq = 512 on), flex's 128-row blocks, triton's
+#: 64 x 64 blocks, pallas' 16 x 16. (torch tiles' element budget splits a (batch, head) pair only past
+#: 1 Mi logits; the mutation campaign reaches that boundary with small knobs.)
+LONG = 512
+
+
+@dataclass(frozen=True)
+class Axis:
+    """A column of the combinations table: a setting every scheme and option must also be tested in."""
+
+    group: str
+    name: str
+    test: Callable  # (case, View) -> bool
+
+
+@dataclass(frozen=True)
+class Subject:
+    """A row of the combinations table: a scheme, a scheme's term, or an option of the spec or the call."""
+
+    kind: str  # "scheme" or "option"
+    name: str
+    test: Callable  # (case, View) -> bool
+    meaningless: tuple = ()  # ((axis name, the one-line reason the combination means nothing), ...)
+
+
+def _decode_step(case: Case, v: View) -> bool:
+    """One query after a cache of keys (POS-3): Lq = 1, Lk > 1, the query at or after every key's position;
+    or a case the harness also decodes step by step (``decode_from``, ROPE-10)."""
+    if case.decode_from is not None:
+        return True
+    if v.Lq != 1 or v.Lk < 2 or "q_positions" not in v.t:
+        return False
+    qp, kp = v.positions()
+    return bool((qp.max(axis=-1) >= kp.max(axis=-1)).all())
+
+
+AXES = (
+    Axis("causality", "causal", lambda c, v: c.spec.causal),
+    Axis("causality", "not causal", lambda c, v: not c.spec.causal),
+    Axis("positions", "default positions", lambda c, v: "positions" not in c.features()),
+    Axis("positions", "explicit positions", lambda c, v: "positions" in c.features()),
+    Axis("length", "decode step (Lq = 1 after a cache)", _decode_step),
+    Axis("length", f"long (Lq, Lk >= {LONG})", lambda c, v: min(v.Lq, v.Lk) >= LONG),
+    *(Axis("dtype", dtype, (lambda dt: lambda c, v: dt in c.dtypes)(dtype)) for dtype in ALL_DTYPES),
+)
+
+_NO_SWIN_DECODING = (
+    "decode step (Lq = 1 after a cache)",
+    "Swin attends within the windows of an image encoded at once; no model decodes a window token by token",
+)
+
+
+def _has(feature: str):
+    return lambda c, v: feature in c.features()
+
+
+SUBJECTS = (
+    Subject("scheme", "vanilla (no position scheme)", lambda c, v: c.spec.relative is None),
+    Subject("scheme", "shaw keys (SHAW-1..5)", _has("shaw")),
+    Subject("scheme", "shaw values (SHAW-4)", _has("shaw-values")),
+    Subject("scheme", "shaw key-side term (SHAW-6, SHAW-7)", _has("shaw-key-side")),
+    Subject("scheme", "huang (HUANG-1..5)", _has("huang")),
+    Subject("scheme", "huang values (HUANG-6)", _has("huang-values")),
+    Subject("scheme", "rope (ROPE-1..16)", _has("rope")),
+    Subject("scheme", "alibi (ALIBI-1..5)", _has("alibi")),
+    Subject("scheme", "t5 (T5-1..5)", _has("t5")),
+    Subject("scheme", "swin (SWIN-1..6)", _has("swin"), (_NO_SWIN_DECODING,)),
+    Subject("option", "boolean mask (MASK-1..3)", _has("mask")),
+    Subject("option", "additive bias (BIAS-1, BIAS-2)", _has("bias")),
+    Subject("option", "mask_fill (MASK-6)", _has("mask-fill")),
+    Subject("option", "dropout keep mask (DROP-1)", _has("dropout-keep")),
+    Subject("option", "grouped key/value heads (HEAD-3)", _has("grouped-kv-heads")),
+    Subject("option", "value head size (HEAD-4)", _has("value-head-dim")),
+    Subject("option", "soft cap (SOFTCAP-1)", _has("softcap")),
+    Subject("option", "window (WINDOW-1)", _has("window")),
+    Subject("option", "custom scale (SCALE-1)", _has("custom-scale")),
+    Subject("option", "unscaled relative term (SCALE-3)", _has("unscaled-relative")),
+    Subject("option", "no projection biases (PROJ-1)", _has("no-projection-bias")),
+    Subject("option", "per-head tables", _has("per-head-tables")),
+)
+
+
+def combinations(cases=CASES) -> list:
+    """[(subject, {axis name: [case ids]})] in the order of SUBJECTS, over the cases with numeric results."""
+    views = _views([c for c in cases if c.expect_error is None])
+    rows = []
+    for subject in SUBJECTS:
+        having = [(case, view) for case, view in views if subject.test(case, view)]
+        rows.append((subject, {axis.name: [c.id for c, w in having if axis.test(c, w)] for axis in AXES}))
+    return rows
+
+
+def combination_gaps(rows, cases=CASES) -> list:
+    """The (subject, axis) pairs without a case and without a reason why the combination means nothing, and
+    (case id, "dtypes") for a numeric case judged in fewer than every dtype whose notes do not say why."""
+    missing = [
+        (subject.name, axis.name)
+        for subject, cells in rows
+        for axis in AXES
+        if not cells[axis.name] and axis.name not in dict(subject.meaningless)
+    ]
+    return missing + [(c.id, "dtypes") for c in fewer_dtypes(cases) if not c.notes]
+
+
+def fewer_dtypes(cases=CASES) -> list:
+    """The numeric cases judged in fewer than every dtype (each says why in its notes)."""
+    return [c for c in cases if c.expect_error is None and set(c.dtypes) != set(ALL_DTYPES)]
+
+
+def _views(cases) -> list:
+    manifest = load_manifest()
+    return [(c, View(c, load_case(c.id, manifest["cases"][c.id]))) for c in cases]
+
+
 def table(cases=CASES) -> list:
     """[(dimension, {scheme: [case ids]})] in the order of DIMENSIONS."""
-    manifest = load_manifest()
-    views = [(c, View(c, load_case(c.id, manifest["cases"][c.id]))) for c in cases]
+    views = _views(cases)
     rows = []
     for dim in DIMENSIONS:
         cells = {s: [] for s in SCHEMES}
@@ -404,7 +527,14 @@ def gaps(rows) -> list:
     return [(dim.name, s) for dim, cells in rows if dim.every_scheme for s in dim.schemes if not cells[s]]
 
 
-def render(rows) -> str:
+def _cell(ids: list) -> str:
+    shown = ", ".join(f"`{i}`" for i in ids[:4])
+    return shown + (f" (+{len(ids) - 4})" if len(ids) > 4 else "")
+
+
+def render(rows, combination_rows=None) -> str:
+    """COVERAGE.md: the dimensions table, then the combinations table (``combinations()`` when not given)."""
+    combination_rows = combinations() if combination_rows is None else combination_rows
     lines = [
         "# Catalog coverage",
         "",
@@ -427,11 +557,49 @@ def render(rows) -> str:
             elif not ids:
                 out.append("**none**")
             else:
-                shown = ", ".join(f"`{i}`" for i in ids[:4])
-                out.append(shown + (f" (+{len(ids) - 4})" if len(ids) > 4 else ""))
+                out.append(_cell(ids))
         star = " *" if dim.every_scheme else ""
         lines.append(f"| {dim.group} | {dim.name}{star} | " + " | ".join(out) + " |")
     missing = gaps(rows)
     lines += ["", f"Gaps in dimensions marked *: {len(missing)}."]
     lines += [f"- {name}: {scheme}" for name, scheme in missing]
+    lines += _render_combinations(combination_rows)
     return "\n".join(lines) + "\n"
+
+
+def _render_combinations(rows) -> list:
+    lines = [
+        "",
+        "## Combinations",
+        "",
+        "Every scheme and every option (rows) crossed with the settings a rule can hold in one of and",
+        "not the other (columns): causal and not; default and explicit positions; a decode step (one",
+        "query at or after every key of a cache, POS-3, or a case also decoded step by step, ROPE-10)",
+        f"and a sequence past every kernel's first query tile (Lq, Lk >= {LONG}); every dtype. Each",
+        "cell needs a case; n/a cells give the reason the combination means nothing. Cells are cut at",
+        "two ids with the count.",
+        "",
+        "| subject | " + " | ".join(axis.name for axis in AXES) + " |",
+        "|---|" + "---|" * len(AXES),
+    ]
+    reasons = []
+    for subject, cells in rows:
+        out = []
+        why = dict(subject.meaningless)
+        for axis in AXES:
+            ids = cells[axis.name]
+            if axis.name in why and not ids:
+                reasons.append(f"- {subject.name}, {axis.name}: {why[axis.name]}")
+                out.append(f"n/a ({len(reasons)})")
+            elif not ids:
+                out.append("**none**")
+            else:
+                out.append(", ".join(f"`{i}`" for i in ids[:2]) + (f" (+{len(ids) - 2})" if len(ids) > 2 else ""))
+        lines.append(f"| {subject.name} | " + " | ".join(out) + " |")
+    lines += ["", *[f"({i}) {r[2:]}" for i, r in enumerate(reasons, 1)]] if reasons else []
+    lines += ["", "Numeric cases judged in fewer than every dtype, and why:", ""]
+    lines += [f"- `{c.id}` ({', '.join(c.dtypes)}): {c.notes or '**no reason given**'}" for c in fewer_dtypes()]
+    missing = combination_gaps(rows)
+    lines += ["", f"Gaps in the combinations: {len(missing)}."]
+    lines += [f"- {name}: {axis}" for name, axis in missing]
+    return lines

@@ -51,10 +51,11 @@ def test_manifest_is_canonical_and_matches_the_catalog():
 
 
 def test_goldens_are_small():
-    # about 95 KB per case (four dtypes, gradients, the manifest entry); 189 cases take 18.5 MiB, of which
-    # the two ALiBi cases against 1024 and 2048 keys (ALIBI-5) take 1.0 MiB
+    # about 95 KB per case (four dtypes, gradients, the manifest entry); 200 cases take 22.2 MiB, of which
+    # the two ALiBi cases against 1024 and 2048 keys (ALIBI-5) take 1.0 MiB and the two long cases of the
+    # combinations (every option past every kernel's first query tile: a 512 x 512 keep mask) 1.6 MiB
     total = sum(p.stat().st_size for p in store.GOLDEN_DIR.iterdir())
-    assert total < 20 * 2**20, f"goldens take {total / 2**20:.1f} MiB"
+    assert total < 24 * 2**20, f"goldens take {total / 2**20:.1f} MiB"
 
 
 def test_verify_finds_no_drift():
