@@ -1485,6 +1485,7 @@ def _cases() -> list[Case]:
 
     # ------------------------------------------------------ argument errors
     c += _combination_cases()
+    c += _kernel_cases()
 
     add(
         Case(
@@ -1676,6 +1677,96 @@ def _combination_cases() -> list[Case]:
             store_weights=False,
             recipes=(Mask("B11K", dead_keys=4), Positions("shifted")),
             notes="past every kernel's first query tile; weights not stored",
+        )
+    )
+    return c
+
+
+def _kernel_cases() -> list[Case]:
+    """Inputs that tell a fast kernel's mistakes apart where the other cases cannot (found by the mutation campaign
+    over torch_impl's kernels: each case kills mutants of a tiling, a fused call or a shared table helper that
+    every other case survives). Small shapes, every dtype."""
+    c = []
+    add = c.append
+    C = replace(V, causal=True)
+    # HEAD-3 where B = H = Lk and Hkv = Lq: an axis read in place of another has the right size
+    add(
+        Case(
+            "peer/gqa/cross/b4-h4-kv2-lq2-lk4",
+            CORE + ("HEAD-3",),
+            AttentionSpec(num_heads=4, head_dim=2, num_kv_heads=2),
+            Dims(4, 2, 4),
+        )
+    )
+    # WINDOW-1 with a right bound larger than the left one, over a bias family at default positions
+    add(
+        Case(
+            "alibi/self/window-1-2",
+            ALIBI + ("WINDOW-1",),
+            AttentionSpec(num_heads=2, head_dim=2, window=(1, 2), relative=Alibi()),
+            Dims(2, 8, 8),
+            self_attention=True,
+        )
+    )
+    # CAUSAL-1 at default positions with a bias whose first row is all -inf (BIAS-2, MASK-5): the causal
+    # diagonal block alone cannot say which rows are empty
+    add(
+        Case(
+            "causal/self/bias-minus-inf-row",
+            ("CAUSAL-1", "BIAS-1", "BIAS-2", "MASK-4", "MASK-5", "GRAD-2"),
+            C,
+            Dims(2, 6, 6),
+            self_attention=True,
+            recipes=(Bias("B1QK", empty_rows=1),),
+        )
+    )
+    # CAUSAL-1 top-left, more queries than keys: queries past the last key attend every key
+    add(Case("causal/cross/lq8-lk5-top-left", ("CAUSAL-1", "POS-1"), C, Dims(2, 8, 5)))
+    # SHAW-6 with a table shared by heads and grouped key/value heads (HEAD-3)
+    add(
+        Case(
+            "shaw-key-side/k2/cross/shared-table-gqa",
+            REL + SHAW + ("SHAW-6", "SHAW-7", "HEAD-3"),
+            AttentionSpec(num_heads=4, head_dim=2, num_kv_heads=2, relative=Shaw(2, key_side="shared")),
+            CROSS,
+        )
+    )
+    # ROPE-7: an attention factor multiplies cos and sin
+    add(
+        Case(
+            "rope/half/cross/attention-factor-2",
+            ROPE + ("ROPE-7",),
+            AttentionSpec(num_heads=2, head_dim=4, relative=Rope(attention_factor=2.0)),
+            CROSS,
+        )
+    )
+    # SWIN-2, SWIN-4: a prefix token and a 2 x 2 window of four tokens, no mask
+    add(
+        Case(
+            "swin/self/window-2x2-prefix1-L4",
+            SWIN + ("SWIN-4",),
+            AttentionSpec(num_heads=2, head_dim=2, relative=Swin((2, 2), prefix_tokens=1)),
+            Dims(2, 4, 4),
+            self_attention=True,
+        )
+    )
+    # SWIN-3 where the call is not one whole window: three queries against a window's four keys, and two tokens
+    # of a 4 x 2 window (2 = Wh / Ww, not Wh * Ww)
+    add(
+        Case(
+            "swin/cross/window-2x2-lq3-lk4",
+            SWIN,
+            AttentionSpec(num_heads=2, head_dim=2, relative=Swin((2, 2))),
+            Dims(2, 3, 4),
+        )
+    )
+    add(
+        Case(
+            "swin/self/window-4x2-L2",
+            SWIN,
+            AttentionSpec(num_heads=2, head_dim=2, relative=Swin((4, 2))),
+            Dims(2, 2, 2),
+            self_attention=True,
         )
     )
     return c
