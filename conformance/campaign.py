@@ -1,4 +1,4 @@
-"""Mutation campaign: which wrong versions of ``numpy_ref`` does the conformance catalog miss?
+"""Mutation campaign: which wrong versions of ``numpy_ref`` (and of ``torch_impl``'s kernels) does the catalog miss?
 
 ``python -m conformance campaign`` parses every file of ``numpy_ref/`` (but
 ``definition.py`` and ``schemes/_literal.py``, the loop-level definition that
@@ -18,7 +18,36 @@ any result the spec defines (then ``campaign_data/equivalent.json`` says
 why, and it counts as *equivalent*) or the catalog lacks an input that tells
 it apart. The report lands in ``campaign_data/report.json`` and
 ``campaign_data/REPORT.md``; the exit status is 1 while any survivor has no
-argument or any mutant is killed-unclaimed (``--allow-survivors``: 0 anyway).
+argument, any mutant is killed-unclaimed or an unreached function has no
+reason in ``unreached.json`` (``--allow-survivors``: 0 anyway).
+
+Packages and kernels (``PACKAGES``; the command line picks them):
+
+- ``numpy_ref`` (the default; ``--package numpy_ref``, ``--kernel numpy``),
+  as above;
+- ``torch_impl`` (``--package torch_impl``; one kernel: ``--kernel
+  torch:eager``, ``--kernel torch:tiles``, ``--kernel torch:sdpa``,
+  repeatable): the three kernels' own files (``kernels/eager.py``,
+  ``kernels/tiles.py``, ``kernels/sdpa.py``) and the code they share
+  (``_core.py``, ``_checks.py``, ``_workspace.py``, ``functional.py``,
+  ``kernels/__init__.py``, ``kernels/_base.py``, ``schemes/*.py``), run
+  through the adapters ``torch:eager``, ``torch:sdpa``, and
+  ``torch:tiles-small`` and ``torch:tiles`` (the tiles kernel) on cpu, same
+  cases and dtypes. ``torch:tiles-small``
+  (``conformance.adapters.torch_impl_adapter.TorchSmallTilesAdapter``) is
+  the tiles kernel with its knobs sized to each call so that it runs a few
+  query tiles and (batch, head) groups, and causal tiles skip keys: with the
+  default knobs a catalog case fits one tile, and a kernel that is right on
+  its first tile would pass (``torch:tiles`` keeps that one-tile path
+  judged). Its arguments and reasons live in
+  ``campaign_data/torch_impl/`` (``equivalent.json``, ``unreached.json``),
+  its reports beside them;
+- ``--all``: every package, one after the other.
+
+A kernel's own files run through its adapter only; a shared file through
+every adapter of the kernels chosen. Without ``--package``, ``--kernel`` or
+``--all``, a ``--target``, ``--mutant`` or ``--show`` written with a
+package's prefix (``torch_impl/kernels/tiles.py``) chooses that package.
 
 Operators (the ``<operator>`` part of a mutant id):
 
@@ -57,6 +86,17 @@ stmt-drop       a statement becomes ``pass``: an assignment to a subscript or at
                 a ``raise``
 =============== ==================================================================================
 
+In torch_impl the module-level operators read ``torch.<name>`` for ``np.<name>``
+(func-swap, call-drop, where-swap), with ``zeros_like <-> ones_like`` among the
+swaps; method swaps add ``amax <-> amin``, ``tril <-> triu`` and ``tril_ <->
+triu_``; call-drop takes ``torch.abs`` and the methods ``clone``,
+``contiguous``, ``detach``; axis takes the keywords ``dim``, ``dims``,
+``dim0``, ``dim1``, ``source``, ``destination`` and the integer arguments of
+``unsqueeze``, ``squeeze``, ``transpose`` (two axes in torch), ``swapaxes``,
+``movedim``, ``flip``; perm-swap takes ``permute``; keepdims is ``keepdim``
+(``Dialect``, ``TORCH_DIALECT``). Casts (``.to(dtype)``) are not dropped:
+the campaign's float64 cells could not tell them apart (PREC-4).
+
 Never mutated: docstrings, string constants, f-strings, the arguments of a
 ``raise`` (exception messages) and of ``assert``'s message, annotations and
 decorators. Conditions that guard a ``raise`` are mutated (the catalog has
@@ -65,20 +105,38 @@ error cases), and so is the ``raise`` itself (stmt-drop).
 Mutant ids are ``<path relative to numpy_ref>:<function qualname or <module>>:<operator>:<k>``,
 k counting that operator's mutants within that function in source order;
 each mutant records its line, column, the original and the mutated node
-(``ast.unparse``).
+(``ast.unparse``). Another package's ids start with its name:
+``torch_impl/kernels/tiles.py:Tiles.grid:arith:0`` (numpy_ref's ids
+predate the other packages, and equivalent.json keys on them), and so do
+the keys of its unreached.json (``torch_impl/kernels/tiles.py:_tile``).
 
 Reachability: the catalog first runs once on the unmutated reference under a
 line tracer (``sys.settrace``, limited to the files in scope). A mutant whose
 node lies on lines that run never executes is *unreached* (a coverage finding
-of the catalog, reported with its function) and is not run.
+of the catalog, reported with its function) and is not run. In torch_impl
+the tracer also records each bytecode instruction that runs, per (case,
+adapter) cell (``_Reach``): a mutant runs only in the cells whose unmutated
+run evaluated its node (an instruction of the node's source span ran), and
+one whose node no cell evaluated is unreached, though its line ran (the
+16-bit branch of ``x if same_dtype else y`` in float64 cells). A node with
+no instruction of its own, a default value and module-level code count by
+their lines; code run while the package imports counts for every cell, but
+a module constant (``NAME = value``, the name mentioned in no other module
+of the package nor in the conformance code) counts by the cells that read
+its name.
 
 Runner (POSIX only: it forks). The parent loads the manifest and every
 case's stored tensors once; each mutant runs in a forked child that drops
-``numpy_ref``, its submodules and the conformance modules holding references
-to it from ``sys.modules``, imports ``numpy_ref`` afresh with the one mutated
-module served from its compiled AST by a meta-path finder, builds a fresh
-``NumpyRefAdapter`` and ``NumpyBlockwiseAdapter`` and runs the cases (each through both), stopping at the
-first failing check.
+the package (``numpy_ref``), its submodules and the conformance modules holding references
+to it from ``sys.modules``, imports the package afresh with the one mutated
+module served from its compiled AST by a meta-path finder, builds fresh
+adapters (``NumpyRefAdapter`` and ``NumpyBlockwiseAdapter``) and runs the cases (each through each), stopping at the
+first failing check. For torch_impl the parent imports torch (and
+the torch modules that torch_impl and the first backward import) before it
+forks, so that no child pays for the imports,
+but runs no operation: a thread pool started in the parent would not
+survive the fork. Each child sets ``torch.set_num_threads(1)`` first (two
+children share two cores).
 A failing check, an exception (escaping a case, or caught by the checks
 that fail only on one: ``forward``, ``gradients``), an import error or a
 crash of the child kill the mutant (the report says which; a call the spec
@@ -97,6 +155,7 @@ import ast
 import copy
 import difflib
 import fnmatch
+import gc
 import importlib.abc
 import importlib.util
 import json
@@ -169,14 +228,21 @@ class Mutant:
     replacement: object = field(repr=False, compare=False)  # the new node; None: the statement becomes `pass`
     reach: tuple = field(repr=False, default=())  # lines (first, last): the mutant runs when one of them does
     rules: tuple = ()  # the rule ids its function's docstring names (else its class's, else its module's)
+    package: str = PACKAGE  # the package ``file`` lies in
+    end_col: int = field(repr=False, default=-1)  # the node's end column (UTF-8 bytes, as ``ast`` counts)
 
     @property
     def module(self) -> str:
-        return module_name(self.file)
+        return module_name(self.file, self.package)
 
     @property
     def where(self) -> str:
-        return f"{PACKAGE}/{self.file}:{self.line}"
+        return f"{self.package}/{self.file}:{self.line}"
+
+    @property
+    def id_file(self) -> str:
+        """The file as the id names it: ``kernels/tiles.py`` of torch_impl is ``torch_impl/kernels/tiles.py``."""
+        return PACKAGES[self.package].id_prefix + self.file
 
 
 AXIS_KEYWORDS = frozenset({"axis", "axis1", "axis2", "axes", "source", "destination"})
@@ -236,40 +302,211 @@ BUILTIN_UNWRAP = frozenset({"abs"})
 METHOD_UNWRAP = frozenset({"copy", "astype"})
 
 
-def module_name(rel: str) -> str:
-    parts = [PACKAGE] + rel[: -len(".py")].split("/")
+# ================================================================== packages
+@dataclass(frozen=True)
+class Dialect:
+    """The names the operators recognise in one package's code (numpy_ref's: the table of the module docstring)."""
+
+    modules: frozenset  # the module names of func-swap, call-drop and where-swap: np.max(...), torch.max(...)
+    swaps: dict  # module functions (func-swap)
+    method_swaps: dict  # methods of any other object (func-swap)
+    unwrap: frozenset  # module functions f(x) -> x (call-drop)
+    method_unwrap: frozenset  # methods x.f(...) -> x (call-drop)
+    axis_keywords: frozenset
+    orderless_axis_keywords: frozenset  # a reduction over (0, 1) is a reduction over (1, 0)
+    axis_methods: frozenset  # methods whose integer arguments are axes
+    perm_methods: frozenset  # methods whose integer arguments are a permutation (perm-swap)
+    keepdims: str  # the keyword of keepdims
+
+
+NUMPY_DIALECT = Dialect(
+    modules=frozenset({"np", "numpy"}),
+    swaps=NP_SWAPS,
+    method_swaps=METHOD_SWAPS,
+    unwrap=NP_UNWRAP,
+    method_unwrap=METHOD_UNWRAP,
+    axis_keywords=AXIS_KEYWORDS,
+    orderless_axis_keywords=ORDERLESS_AXIS_KEYWORDS,
+    axis_methods=AXIS_METHODS,
+    perm_methods=PERM_METHODS,
+    keepdims="keepdims",
+)
+TORCH_DIALECT = Dialect(
+    modules=frozenset({"torch"}),
+    swaps={**NP_SWAPS, "zeros_like": "ones_like", "ones_like": "zeros_like"},
+    method_swaps={
+        **METHOD_SWAPS,
+        **{k: NP_SWAPS[k] for k in ("amax", "amin", "tril", "triu")},
+        "tril_": "triu_",
+        "triu_": "tril_",
+    },
+    unwrap=frozenset({"abs"}),
+    method_unwrap=frozenset({"clone", "contiguous", "detach"}),
+    axis_keywords=frozenset({"dim", "dims", "dim0", "dim1", "source", "destination"}),
+    orderless_axis_keywords=frozenset({"dim"}),
+    # torch's transpose swaps two axes (its arguments are axes, not a permutation)
+    axis_methods=frozenset({"unsqueeze", "squeeze", "transpose", "swapaxes", "movedim", "flip"}),
+    perm_methods=frozenset({"permute"}),
+    keepdims="keepdim",
+)
+
+
+@dataclass(frozen=True)
+class KernelScope:
+    """One kernel of a package in the campaign: the adapters its cells run through and the files only it runs."""
+
+    name: str  # what --kernel takes: "torch:tiles"
+    adapters: tuple  # load names (conformance.adapters.load_adapter) of the adapters that run it
+    files: tuple = ()  # files (relative to the package) that only this kernel runs; the others are shared
+    note: str = ""  # how the campaign runs it, where that differs from the adapter of the same name
+
+
+@dataclass(frozen=True)
+class Package:
+    """One package the campaign mutates, and how its mutants run."""
+
+    name: str
+    kernels: tuple  # KernelScope, in report order
+    excluded: tuple = ()  # out of scope, relative to the package
+    included: Optional[tuple] = None  # fnmatch patterns relative to the package: only these files (None: all)
+    dialect: Dialect = NUMPY_DIALECT
+    #: before the file of each mutant id and unreached.json key: "" for numpy_ref (whose stored ids predate the
+    #: other packages), "<package>/" for the others, so that an id names one place in the repository
+    id_prefix: str = ""
+    #: modules the parent imports before it forks (imports only: no operation runs in the parent, since a
+    #: thread pool started there would not survive the fork); each child then skips their import
+    preload: tuple = ()
+    child_setup: Optional[Callable[[], None]] = None  # runs first in each child (thread counts)
+    #: a mutant runs only the (case, adapter) cells whose unmutated run executed one of its lines (False: every
+    #: cell of the package, as numpy_ref's campaign always did)
+    cell_reach: bool = False
+    subdir: str = ""  # its equivalent.json, unreached.json and reports: campaign_data/<subdir>
+
+    @property
+    def adapters(self) -> tuple:
+        return tuple(dict.fromkeys(a for k in self.kernels for a in k.adapters))
+
+    @property
+    def data_dir(self) -> pathlib.Path:
+        return DATA_DIR / self.subdir if self.subdir else DATA_DIR
+
+    def kernel(self, name: str) -> KernelScope:
+        return next(k for k in self.kernels if k.name == name)
+
+
+def _one_torch_thread() -> None:
+    """A child's PyTorch runs its operations on one thread: two children share the two cores, and no child
+    inherits a thread pool from the parent (which never ran an operation)."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
+#: The tiles kernel with tiles of a few rows (conformance.adapters.torch_impl_adapter.TorchSmallTilesAdapter).
+SMALL_TILES_ADAPTER = "conformance.adapters.torch_impl_adapter:TorchSmallTilesAdapter"
+PACKAGES: dict = {
+    p.name: p
+    for p in (
+        Package(
+            name=PACKAGE,
+            kernels=(KernelScope("numpy", ("numpy", "numpy:blockwise")),),
+            excluded=EXCLUDED,
+        ),
+        Package(
+            name="torch_impl",
+            kernels=(
+                KernelScope("torch:eager", ("torch:eager",), ("kernels/eager.py",)),
+                KernelScope(
+                    "torch:tiles",
+                    (SMALL_TILES_ADAPTER, "torch:tiles"),
+                    ("kernels/tiles.py",),
+                    note="through torch:tiles-small (TorchSmallTilesAdapter), the tiles kernel with its knobs sized "
+                    "to cut each call into a few query tiles and (batch, head) groups, so that every case crosses "
+                    "tile boundaries and causal tiles skip keys, and through torch:tiles, its default knobs, which "
+                    "put a catalog case in one tile",
+                ),
+                KernelScope("torch:sdpa", ("torch:sdpa",), ("kernels/sdpa.py",)),
+            ),
+            # the kernels the three adapters run and what they share; not the fused kernels (flex, triton),
+            # the ring, the nn.Module and interop, whose adapters and tests are elsewhere
+            included=(
+                "_checks.py",
+                "_core.py",
+                "_workspace.py",
+                "functional.py",
+                "kernels/__init__.py",
+                "kernels/_base.py",
+                "kernels/eager.py",
+                "kernels/sdpa.py",
+                "kernels/tiles.py",
+                "schemes/*.py",
+            ),
+            dialect=TORCH_DIALECT,
+            id_prefix="torch_impl/",
+            # torch_impl.ring imports torch.distributed; the first backward imports symbolic_shapes (and sympy):
+            # 0.4 s that each child would pay again
+            preload=("torch", "torch.distributed", "torch.fx.experimental.symbolic_shapes"),
+            child_setup=_one_torch_thread,
+            cell_reach=True,
+            subdir="torch_impl",
+        ),
+    )
+}
+#: --kernel NAME -> its package
+KERNELS: dict = {k.name: p.name for p in PACKAGES.values() for k in p.kernels}
+
+
+def _package(package) -> Package:
+    return package if isinstance(package, Package) else PACKAGES[package]
+
+
+def module_name(rel: str, package: str = PACKAGE) -> str:
+    parts = [package] + rel[: -len(".py")].split("/")
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
-def package_dir() -> pathlib.Path:
-    spec = importlib.util.find_spec(PACKAGE)
+def package_dir(package: str = PACKAGE) -> pathlib.Path:
+    spec = importlib.util.find_spec(package)
     if spec is not None and spec.submodule_search_locations:
         return pathlib.Path(list(spec.submodule_search_locations)[0]).resolve()
-    return HERE.parent / PACKAGE
+    return HERE.parent / package
 
 
-def scope_files(root: Optional[pathlib.Path] = None) -> list[str]:
-    """The files the campaign mutates, relative to numpy_ref/, sorted."""
-    root = root or package_dir()
-    files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.py") if "__pycache__" not in p.parts)
-    return [f for f in files if f not in EXCLUDED]
+def scope_files(root: Optional[pathlib.Path] = None, package: str = PACKAGE) -> list[str]:
+    """The files the campaign mutates, relative to the package's folder, sorted."""
+    p = _package(package)
+    root = root or package_dir(p.name)
+    files = sorted(x.relative_to(root).as_posix() for x in root.rglob("*.py") if "__pycache__" not in x.parts)
+    if p.included is not None:
+        files = [f for f in files if any(fnmatch.fnmatchcase(f, pattern) for pattern in p.included)]
+    return [f for f in files if f not in p.excluded]
 
 
-def select_targets(targets: Optional[list], files: list[str]) -> list[str]:
-    """The files ``--target`` names (a path relative to numpy_ref/ or the repository, or an fnmatch pattern)."""
+def kernel_files(files: list[str], package: str = PACKAGE, kernels: Optional[list] = None) -> list[str]:
+    """The files of ``files`` that the kernels named run: their own and the shared ones (all: every file)."""
+    p = _package(package)
+    if not kernels:
+        return list(files)
+    others = {f for k in p.kernels if k.name not in kernels for f in k.files}
+    return [f for f in files if f not in others]
+
+
+def select_targets(targets: Optional[list], files: list[str], package: str = PACKAGE) -> list[str]:
+    """The files ``--target`` names (a path relative to the package or the repository, or an fnmatch pattern)."""
+    p = _package(package)
     if not targets:
         return list(files)
     chosen = set()
     for t in targets:
-        pattern = t[len(PACKAGE) + 1 :] if t.startswith(PACKAGE + "/") else t
+        pattern = t[len(p.name) + 1 :] if t.startswith(p.name + "/") else t
         hits = [f for f in files if fnmatch.fnmatchcase(f, pattern)]
         if not hits:
+            out = f"{' and '.join(p.excluded)} are out of scope" if p.excluded else "its other files are out of scope"
             raise _bad(
                 "--target",
-                f"a file of {PACKAGE}/ in the campaign's scope or a pattern matching one ({', '.join(files)}; "
-                f"{' and '.join(EXCLUDED)} are out of scope)",
+                f"a file of {p.name}/ in the campaign's scope or a pattern matching one ({', '.join(files)}; {out})",
                 repr(t),
             )
         chosen.update(hits)
@@ -299,11 +536,12 @@ def _number(value) -> ast.expr:
     return ast.UnaryOp(ast.USub(), ast.Constant(-value)) if value < 0 else ast.Constant(value)
 
 
-def _is_np(func, names) -> bool:
+def _is_np(func, names, modules=NUMPY_DIALECT.modules) -> bool:
+    """``func`` is ``np.<name>`` (or ``torch.<name>``, ``modules`` naming the module) for a name of ``names``."""
     return (
         isinstance(func, ast.Attribute)
         and isinstance(func.value, ast.Name)
-        and func.value.id in ("np", "numpy")
+        and func.value.id in modules
         and func.attr in names
     )
 
@@ -370,8 +608,9 @@ def _docstring_rules(node) -> tuple:
 class _Generator:
     """Walks one module in a fixed order and lists every mutant of it."""
 
-    def __init__(self, source: str, rel: str):
-        self.source, self.rel = source, rel
+    def __init__(self, source: str, rel: str, package: str = PACKAGE):
+        self.source, self.rel, self.package = source, rel, _package(package)
+        self.dialect = self.package.dialect
         self.tree = ast.parse(source)
         self.found: list = []  # (line, col, order, variant, qualname, operator, node, replacement, path, reach)
         self.order = 0
@@ -395,7 +634,7 @@ class _Generator:
             counters[key] = k + 1
             out.append(
                 Mutant(
-                    id=f"{self.rel}:{qualname}:{operator}:{k}",
+                    id=f"{self.package.id_prefix}{self.rel}:{qualname}:{operator}:{k}",
                     file=self.rel,
                     function=qualname,
                     operator=operator,
@@ -408,6 +647,8 @@ class _Generator:
                     replacement=replacement,
                     reach=reach or (line, getattr(node, "end_lineno", None) or line),
                     rules=self.rules[qualname],
+                    package=self.package.name,
+                    end_col=getattr(node, "end_col_offset", None) or -1,
                 )
             )
         return out
@@ -514,8 +755,9 @@ class _Generator:
         elif isinstance(node, ast.Subscript):
             self.none_move(node, path, qualname)
         elif isinstance(node, ast.keyword):
-            if node.arg == "keepdims" and isinstance(node.value, ast.Constant) and node.value.value is True:
-                self.add(node, path, qualname, "keepdims", ast.keyword(arg="keepdims", value=ast.Constant(False)))
+            keepdims = self.dialect.keepdims
+            if node.arg == keepdims and isinstance(node.value, ast.Constant) and node.value.value is True:
+                self.add(node, path, qualname, "keepdims", ast.keyword(arg=keepdims, value=ast.Constant(False)))
         if isinstance(node, (ast.If, ast.IfExp, ast.While)):
             self.negate(node.test, path + (("test", None),), qualname)
         elif isinstance(node, ast.comprehension):
@@ -571,24 +813,26 @@ class _Generator:
                 self.add(node, path, qualname, "float-const", _number(new), variant=v)
 
     def int_context(self, node, path, parent) -> Optional[str]:
+        d = self.dialect
         grand = self._parent_of_path(path, 2)
         field_name = path[-1][0] if path else None
         if isinstance(parent, ast.Slice):
             return None
-        if isinstance(parent, ast.keyword) and parent.arg in AXIS_KEYWORDS:
+        if isinstance(parent, ast.keyword) and parent.arg in d.axis_keywords:
             return "axis"
-        if isinstance(parent, (ast.Tuple, ast.List)) and isinstance(grand, ast.keyword) and grand.arg in AXIS_KEYWORDS:
+        in_keyword = isinstance(grand, ast.keyword) and grand.arg in d.axis_keywords
+        if isinstance(parent, (ast.Tuple, ast.List)) and in_keyword:
             return "axis"
         if isinstance(parent, ast.Call) and field_name == "args":
             name = _call_name(parent)
-            if name in PERM_METHODS:
+            if name in d.perm_methods:
                 return None
-            if name in AXIS_METHODS:
+            if name in d.axis_methods:
                 return "axis"
         if (
             isinstance(parent, (ast.Tuple, ast.List))
             and isinstance(grand, ast.Call)
-            and _call_name(grand) in PERM_METHODS
+            and _call_name(grand) in d.perm_methods
         ):
             return None
         if isinstance(parent, ast.Subscript) and field_name == "slice":
@@ -610,37 +854,39 @@ class _Generator:
         return path[-1 - up][0] if len(path) > up else None
 
     def call(self, node, path, qualname):
+        d = self.dialect
         f = node.func
         name = _call_name(node)
-        if _is_np(f, NP_SWAPS):
+        if _is_np(f, d.swaps, d.modules):
             new = copy.deepcopy(node)
-            new.func.attr = NP_SWAPS[f.attr]
+            new.func.attr = d.swaps[f.attr]
             self.add(node, path, qualname, "func-swap", new)
-        elif isinstance(f, ast.Attribute) and f.attr in METHOD_SWAPS and not _is_np(f, {f.attr}):
+        elif isinstance(f, ast.Attribute) and f.attr in d.method_swaps and not _is_np(f, {f.attr}, d.modules):
             new = copy.deepcopy(node)
-            new.func.attr = METHOD_SWAPS[f.attr]
+            new.func.attr = d.method_swaps[f.attr]
             self.add(node, path, qualname, "func-swap", new)
         elif isinstance(f, ast.Name) and f.id in BUILTIN_SWAPS:
             new = copy.deepcopy(node)
             new.func.id = BUILTIN_SWAPS[f.id]
             self.add(node, path, qualname, "func-swap", new)
         single = len(node.args) == 1 and not node.keywords and not isinstance(node.args[0], ast.Starred)
-        if single and (_is_np(f, NP_UNWRAP) or (isinstance(f, ast.Name) and f.id in BUILTIN_UNWRAP)):
+        if single and (_is_np(f, d.unwrap, d.modules) or (isinstance(f, ast.Name) and f.id in BUILTIN_UNWRAP)):
             self.add(node, path, qualname, "call-drop", copy.deepcopy(node.args[0]))
-        elif isinstance(f, ast.Attribute) and f.attr in METHOD_UNWRAP and not _is_np(f, {f.attr}):
+        elif isinstance(f, ast.Attribute) and f.attr in d.method_unwrap and not _is_np(f, {f.attr}, d.modules):
             self.add(node, path, qualname, "call-drop", copy.deepcopy(f.value))
-        if _is_np(f, {"where"}) and len(node.args) == 3 and not node.keywords:
+        if _is_np(f, {"where"}, d.modules) and len(node.args) == 3 and not node.keywords:
             new = copy.deepcopy(node)
             new.args[1], new.args[2] = new.args[2], new.args[1]
             self.add(node, path, qualname, "where-swap", new)
-        if name in PERM_METHODS and len(node.args) >= 2 and all(_literal_number(a, int) is not None for a in node.args):
+        literal = all(_literal_number(a, int) is not None for a in node.args)
+        if name in d.perm_methods and len(node.args) >= 2 and literal:
             self._swaps(node, path, qualname, "args")
 
     def permutation(self, node, path, parent, qualname):
         values = [_literal_number(e, int) for e in node.elts]
         if len(values) < 2 or None in values or len(set(values)) < len(values):
             return
-        if isinstance(parent, ast.keyword) and parent.arg in ORDERLESS_AXIS_KEYWORDS:
+        if isinstance(parent, ast.keyword) and parent.arg in self.dialect.orderless_axis_keywords:
             return
         if isinstance(parent, ast.Subscript):
             return
@@ -726,16 +972,16 @@ class _Generator:
         return True
 
 
-def generate(source: str, rel: str) -> list[Mutant]:
-    """Every mutant of one module's source, in source order; ``rel`` is the path relative to numpy_ref/."""
-    return _Generator(source, rel).run()
+def generate(source: str, rel: str, package: str = PACKAGE) -> list[Mutant]:
+    """Every mutant of one module's source, in source order; ``rel`` is the path relative to the package."""
+    return _Generator(source, rel, package).run()
 
 
-def generate_files(files: list[str], root: Optional[pathlib.Path] = None) -> list[Mutant]:
-    root = root or package_dir()
+def generate_files(files: list[str], root: Optional[pathlib.Path] = None, package: str = PACKAGE) -> list[Mutant]:
+    root = root or package_dir(package)
     out = []
     for rel in files:
-        out.extend(generate((root / rel).read_text(encoding="utf-8"), rel))
+        out.extend(generate((root / rel).read_text(encoding="utf-8"), rel, package))
     return out
 
 
@@ -781,9 +1027,9 @@ def _byte_to_char(line: str, offset: int) -> int:
 
 
 def diff(mutant: Mutant, root: Optional[pathlib.Path] = None) -> str:
-    root = root or package_dir()
+    root = root or package_dir(mutant.package)
     source = (root / mutant.file).read_text(encoding="utf-8")
-    name = f"{PACKAGE}/{mutant.file}"
+    name = f"{mutant.package}/{mutant.file}"
     return "".join(
         difflib.unified_diff(
             source.splitlines(keepends=True),
@@ -825,40 +1071,60 @@ class _MutantLoader(importlib.abc.Loader):
 
 
 class _MutantFinder(importlib.abc.MetaPathFinder):
-    """Serves one module of numpy_ref from compiled code instead of its file."""
+    """Serves modules of the package from compiled code instead of their files: the one mutated module, and
+    (``_CodeFinder``) the others from the parent's compilation, so that no child compiles them again."""
 
     def __init__(self, name: str, filename: str, code):
-        self.name, self.filename, self.code = name, filename, code
+        self.codes = {name: (filename, code)}
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != self.name:
+        if fullname not in self.codes:
             return None
-        package = os.path.basename(self.filename) == "__init__.py"
+        filename, code = self.codes[fullname]
+        package = os.path.basename(filename) == "__init__.py"
         return importlib.util.spec_from_file_location(
             fullname,
-            self.filename,
-            loader=_MutantLoader(self.code),
-            submodule_search_locations=[os.path.dirname(self.filename)] if package else None,
+            filename,
+            loader=_MutantLoader(code),
+            submodule_search_locations=[os.path.dirname(filename)] if package else None,
         )
 
 
-def _holds_reference(module) -> bool:
+class _CodeFinder(_MutantFinder):
+    def __init__(self, codes: dict):
+        self.codes = codes  # module name -> (filename, code)
+
+
+def _compile_package(package: str) -> dict:
+    """module name -> (filename, code) of every module of the package, unmutated."""
+    root = package_dir(package)
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        filename = str(path)
+        name = module_name(path.relative_to(root).as_posix(), package)
+        out[name] = (filename, compile(path.read_text(encoding="utf-8"), filename, "exec", dont_inherit=True))
+    return out
+
+
+def _holds_reference(module, package: str = PACKAGE) -> bool:
     for value in list(vars(module).values()):
         name = getattr(value, "__name__", None) if isinstance(value, type(sys)) else getattr(value, "__module__", None)
-        if isinstance(name, str) and (name == PACKAGE or name.startswith(PACKAGE + ".")):
+        if isinstance(name, str) and (name == package or name.startswith(package + ".")):
             return True
     return False
 
 
-def _purge() -> None:
-    """Forget numpy_ref, its submodules and the conformance modules that hold references to it."""
+def _purge(package: str = PACKAGE) -> None:
+    """Forget the package, its submodules and the conformance modules that hold references to it."""
     for name in list(sys.modules):
         module = sys.modules[name]
-        if name == PACKAGE or name.startswith(PACKAGE + "."):
+        if name == package or name.startswith(package + "."):
             del sys.modules[name]
         elif name.startswith("conformance.") and name != __name__ and module is not None:
             try:
-                holds = _holds_reference(module)
+                holds = _holds_reference(module, package)
             except TypeError:  # not a module object
                 holds = False
             if holds:
@@ -892,12 +1158,27 @@ def _short(text: str) -> str:
 
 
 class _Tracer:
-    """Lines of the files in scope that run (``sys.settrace``; other files are not traced)."""
+    """Lines of the files in scope that run (``sys.settrace``; other files are not traced), per cell.
 
-    def __init__(self, files: dict):
-        self.files = files  # realpath -> rel
+    ``cell`` is the (case, adapter) cell running now, or None while the package imports (its module-level code,
+    which every cell then depends on). With ``opcodes`` it also records each bytecode instruction that runs (the
+    code object and its offset), whose source span tells which expressions of a line ran.
+    """
+
+    def __init__(self, files: dict, opcodes: bool = False):
+        self.files, self.opcodes = files, opcodes
         self.cache: dict = {}
-        self.hits: set = set()
+        self.cells: dict = {None: set()}  # cell -> {(rel, line)}
+        self.ops: dict = {None: set()}  # cell -> {(code, offset)}
+        self.hits, self.ran = self.cells[None], self.ops[None]
+
+    @property
+    def lines(self) -> set:
+        return set().union(*self.cells.values())
+
+    def enter(self, cell) -> None:
+        self.hits = self.cells.setdefault(cell, set())
+        self.ran = self.ops.setdefault(cell, set())
 
     def rel(self, filename):
         if filename not in self.cache:
@@ -908,67 +1189,107 @@ class _Tracer:
         rel = self.rel(frame.f_code.co_filename)
         if rel is None:
             return None
-        hits = self.hits
-        hits.add((rel, frame.f_lineno))
+        tracer = self
+        tracer.hits.add((rel, frame.f_lineno))
+        if self.opcodes:
+            frame.f_trace_opcodes = True
 
         def local(frame, event, arg):
-            if event == "line":
-                hits.add((rel, frame.f_lineno))
+            if event == "opcode":
+                tracer.ran.add((frame.f_code, frame.f_lasti))
+            elif event == "line":
+                tracer.hits.add((rel, frame.f_lineno))
             return local
 
         return local
 
+    def spans(self, number) -> dict:
+        """(rel, line, col, end_line, end_col) of every instruction that ran -> the numbers of the cells it ran in
+        (``number(cell)``), from the code objects' source positions."""
+        positions: dict = {}
+        out: dict = {}
+        for cell, ran in self.ops.items():
+            n = number(cell)
+            for code, offset in ran:
+                if code not in positions:
+                    positions[code] = list(code.co_positions())
+                line, end_line, col, end_col = positions[code][offset // 2]
+                if None in (line, end_line, col, end_col):
+                    continue
+                out.setdefault((self.rel(code.co_filename), line, col, end_line, end_col), set()).add(n)
+        return out
+
 
 class _Child:
-    """What one forked child does: import the (mutated) reference and run cases."""
+    """What one forked child does: import the (mutated) package, build its adapters and run cells."""
 
     def __init__(self, state: "_State", write):
         self.state, self.write = state, write
 
-    def run(self, module: Optional[tuple], order: list[int], stop_early: bool, trace: bool, rules=()) -> dict:
-        """Run the cases in ``order``; with ``stop_early``, until a check claiming one of ``rules`` fails.
+    def run(self, module: Optional[tuple], cells: list, stop_early: bool, trace: bool, rules=()) -> dict:
+        """Run the (case index, adapter index) ``cells`` in order; with ``stop_early``, until a check claiming
+        one of ``rules`` fails.
 
-        The cases naming one of ``rules`` run first. A failure of a check that claims none of them is kept
-        (``killed`` with ``by_rule`` False) while the search for a claiming one goes on through every case.
+        The cells of cases naming one of ``rules`` run first. A failure of a check that claims none of them is
+        kept (``killed`` with ``by_rule`` False) while the search for a claiming one goes on through every cell.
         """
         state = self.state
-        _purge()
+        package = PACKAGES[state.package]
+        if package.child_setup is not None:
+            package.child_setup()
+        _purge(package.name)
+        sys.meta_path.insert(0, _CodeFinder(state.compiled))
         if module is not None:
             name, filename, code = module
             sys.meta_path.insert(0, _MutantFinder(name, filename, code))
         tracer = None
         if trace:
-            tracer = _Tracer(state.trace_files)
+            tracer = _Tracer(state.trace_files, opcodes=package.cell_reach)
             sys.settrace(tracer)
         try:
-            importlib.import_module(PACKAGE)
-            from conformance.adapters.numpy_ref_adapter import NumpyBlockwiseAdapter, NumpyRefAdapter
+            importlib.import_module(package.name)
+            from conformance.adapters import load_adapter
 
             importlib.import_module(f"{__package__}.runner")  # an import error here kills the mutant ("import")
-            adapters = (NumpyRefAdapter(), NumpyBlockwiseAdapter())
+            adapters = [load_adapter(name) for name in state.adapters]
         except Exception as e:
             sys.settrace(None)
             killed = {"kind": "import", "case": None, "check": None, "message": _describe_exception(e)}
             return {"killed": dict(killed, by_rule=True)}  # no implementation of the spec imports: every rule fails
         self.rules = frozenset(rules)
         if self.rules:
-            order = sorted(order, key=lambda i: not self.rules & set(state.cases[i].all_rules))
-        failures, checks, first = [], 0, None
-        for index in order:
+            cells = sorted(cells, key=lambda cell: not self.rules & set(state.cases[cell[0]].all_rules))
+        failures, checks, first, current = [], 0, None, None
+        for index, a in cells:
             case = state.cases[index]
-            self.write({"case": index})
-            for adapter in adapters:
-                killed = self.run_case(adapter, index, case, stop_early, failures)
-                checks += self.checks
-                if killed is not None and (killed["by_rule"] or not self.rules):
-                    return {"killed": killed}
-                first = first or killed
+            if index != current:
+                self.write({"case": index})
+                current = index
+            if tracer is not None:
+                tracer.enter((index, a))
+            killed = self.run_case(adapters[a], index, case, stop_early, failures)
+            checks += self.checks
+            if killed is not None and (killed["by_rule"] or not self.rules):
+                return {"killed": killed}
+            first = first or killed
         sys.settrace(None)
         if first is not None:
             return {"killed": first}
         out: dict = {"killed": None, "checks": checks, "failures": failures}
         if tracer is not None:
-            out["lines"] = sorted(tracer.hits)
+            out["lines"] = sorted(tracer.lines)
+            if package.cell_reach:  # line or instruction -> the cells that ran it; -1: the import, which all need
+                n = len(adapters)
+
+                def number(cell):
+                    return -1 if cell is None else cell[0] * n + cell[1]
+
+                reach: dict = {}
+                for cell, hits in tracer.cells.items():
+                    for hit in hits:
+                        reach.setdefault(hit, []).append(number(cell))
+                out["reach"] = [[rel, line, sorted(numbers)] for (rel, line), numbers in sorted(reach.items())]
+                out["spans"] = [[*span, sorted(numbers)] for span, numbers in sorted(tracer.spans(number).items())]
         return out
 
     def run_case(self, adapter, index: int, case, stop_early: bool, failures: list) -> Optional[dict]:
@@ -979,11 +1300,13 @@ class _Child:
 
         state = self.state
         self.checks = 0
+        self.adapter = adapter.name
         cells = list(matrix(Plan([adapter], [case], [cell_dtype(case)], [DEVICE])))
         if not cells or cells[0][5]:
             return None
         _, caps, device, dtype, _, _ = cells[0]
-        stopping = stop_early and not state.deviations
+        deviations = [d for d in state.deviations if d.adapter == adapter.name]
+        stopping = stop_early and not deviations
         case_run = (_StoppingCaseRun if stopping else CaseRun)(
             case, state.entries[index], state.tensors[index], adapter, caps, dtype, device
         )
@@ -1002,7 +1325,7 @@ class _Child:
             return None
         finally:
             adapter.release()
-        apply_deviations(results, [d for d in state.deviations if d.adapter == adapter.name])
+        apply_deviations(results, deviations)
         self.checks = len(results)
         fails = [r for r in results if r.failed]
         fails.sort(key=lambda r: not self.rules & set(r.rules))  # a claiming failure first
@@ -1017,10 +1340,17 @@ class _Child:
         # a call of the spec that raises breaks every rule the call is under, the mutant's among them
         raised = kind == "exception" or check in RAISING_CHECKS
         by_rule = raised or not self.rules or bool(self.rules & set(claimed))
-        return {"kind": kind, "case": case, "check": check, "message": _short(message), "by_rule": by_rule}
+        return {
+            "kind": kind,
+            "case": case,
+            "check": check,
+            "message": _short(message),
+            "by_rule": by_rule,
+            "adapter": self.adapter,
+        }
 
 
-def _child_entry(state, module, order, stop_early, trace, rules, fd) -> None:
+def _child_entry(state, module, cells, stop_early, trace, rules, fd) -> None:
     """The body of a forked child: never returns."""
     code = 0
     try:
@@ -1036,7 +1366,7 @@ def _child_entry(state, module, order, stop_early, trace, rules, fd) -> None:
         def write(message):
             os.write(fd, (json.dumps(message) + "\n").encode())
 
-        result = _Child(state, write).run(module, order, stop_early, trace, rules)
+        result = _Child(state, write).run(module, cells, stop_early, trace, rules)
         write({"result": result})
     except BaseException as e:
         code = 3
@@ -1051,13 +1381,17 @@ def _child_entry(state, module, order, stop_early, trace, rules, fd) -> None:
 # ================================================================ scheduler
 @dataclass
 class _State:
-    """What every child inherits: the cases, their manifest entries and stored tensors."""
+    """What every child inherits: the package, its adapters' load names, the cases, their manifest entries and
+    stored tensors."""
 
     cases: list
     entries: list
     tensors: list
     deviations: list
     trace_files: dict
+    package: str = PACKAGE
+    adapters: tuple = PACKAGES[PACKAGE].adapters
+    compiled: dict = field(default_factory=dict)  # module name -> (filename, code): the unmutated package
 
 
 @dataclass
@@ -1077,15 +1411,16 @@ class _Pool:
         self.state, self.jobs, self.timeout = state, jobs, timeout
         self.selector = selectors.DefaultSelector()
         self.running: dict = {}  # fd -> _Job
+        self.seconds: dict = {}  # index -> the wall time of its child
 
-    def start(self, index, module, order, stop_early=True, trace=False, rules=()) -> None:
+    def start(self, index, module, cells, stop_early=True, trace=False, rules=()) -> None:
         read, write = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
             os.close(read)
-            _child_entry(self.state, module, order, stop_early, trace, rules, write)
+            _child_entry(self.state, module, cells, stop_early, trace, rules, write)
         os.close(write)
         job = _Job(index, pid, read, time.monotonic())
         self.running[read] = job
@@ -1123,6 +1458,7 @@ class _Pool:
         os.close(job.fd)
         del self.running[job.fd]
         _, status = os.waitpid(job.pid, 0)
+        self.seconds[job.index] = time.monotonic() - job.started
         case = None if job.case is None else self.state.cases[job.case].id
         if timed_out:
             return {"timeout": {"case": case, "message": f"still running after {self.timeout:g} s (in case {case})"}}
@@ -1151,12 +1487,14 @@ class Outcome:
     killed_by: Optional[dict] = None
     argument: Optional[str] = None
     message: Optional[str] = None
+    adapter: Optional[str] = None  # the adapter whose check (or call) killed it
+    adapters: tuple = ()  # the adapters whose unmutated cells ran its lines (a package with cell_reach)
 
     def record(self) -> dict:
         m = self.mutant
         d = {
             "id": m.id,
-            "file": f"{PACKAGE}/{m.file}",
+            "file": f"{m.package}/{m.file}",
             "function": m.function,
             "line": m.line,
             "col": m.col,
@@ -1168,6 +1506,10 @@ class Outcome:
         }
         if self.killed_by is not None:
             d["killed_by"] = self.killed_by
+        if self.adapter is not None:
+            d["adapter"] = self.adapter
+        if self.adapters:
+            d["adapters"] = list(self.adapters)
         if self.argument is not None:
             d["argument"] = self.argument
         if self.message is not None:
@@ -1184,6 +1526,11 @@ class Campaign:
     stale: list  # (id, why)
     mutant_patterns: list = field(default_factory=list)
     other_dtype_cases: list = field(default_factory=list)  # catalog cases without a float64 cell
+    package: str = PACKAGE
+    kernels: list = field(default_factory=list)  # the names of the kernels run (default: every kernel)
+    adapters: dict = field(default_factory=dict)  # load name -> adapter name, for the adapters run
+    #: wall seconds of the children: "baseline", and per status of the mutants that ran (not in the reports)
+    seconds: dict = field(default_factory=dict, compare=False)
 
     def count(self, status: str) -> int:
         return sum(o.status == status for o in self.outcomes)
@@ -1209,9 +1556,9 @@ def load_unreached(path: pathlib.Path = UNREACHED_FILE) -> dict:
 
 
 def unexplained_unreached(c) -> list:
-    """The "<file>:<function>" groups of unreached mutants that unreached.json gives no reason for."""
-    reasons = load_unreached()
-    groups = {f"{o.mutant.file}:{o.mutant.function}" for o in c.outcomes if o.status == "unreached"}
+    """The "<file>:<function>" groups of unreached mutants that the package's unreached.json gives no reason for."""
+    reasons = load_unreached(PACKAGES[c.package].data_dir / UNREACHED_FILE.name)
+    groups = {f"{o.mutant.id_file}:{o.mutant.function}" for o in c.outcomes if o.status == "unreached"}
     return sorted(g for g in groups if g not in reasons)
 
 
@@ -1253,7 +1600,24 @@ def _reached(m: Mutant, lines: set) -> bool:
 
 def _compile(m: Mutant, root: pathlib.Path, sources: dict):
     filename = str(root / m.file)
-    return module_name(m.file), filename, compile(mutated_tree(sources[m.file], m), filename, "exec", dont_inherit=True)
+    return m.module, filename, compile(mutated_tree(sources[m.file], m), filename, "exec", dont_inherit=True)
+
+
+def _adapter_names(load_names) -> dict:
+    """load name -> the adapter's name (what its results and deviations carry), without instantiating it."""
+    from .adapters import BUILTIN, _load_spec
+
+    return {n: _load_spec(BUILTIN.get(n, n)).name for n in load_names}
+
+
+def select_kernels(kernels: Optional[list], package: str = PACKAGE) -> list:
+    """The kernels ``--kernel`` names within one package (all of them when none is named)."""
+    p = _package(package)
+    names = [k.name for k in p.kernels]
+    for k in kernels or ():
+        if k not in names:
+            raise _bad("--kernel", f"a kernel of {p.name} ({', '.join(names)})", repr(k))
+    return [n for n in names if not kernels or n in kernels]
 
 
 def run_campaign(
@@ -1265,14 +1629,18 @@ def run_campaign(
     timeout: float = DEFAULT_TIMEOUT,
     equivalent: Optional[dict] = None,
     goldens: Optional[pathlib.Path] = None,
-    progress: Optional[Callable[[int], Optional[Callable[[str], None]]]] = None,
+    progress: Optional[Callable[..., Optional[Callable[[str], None]]]] = None,
+    package: str = PACKAGE,
+    kernels: Optional[list] = None,
 ) -> Campaign:
-    """Generate, run and classify the mutants (POSIX: each mutant runs in a forked child).
+    """Generate, run and classify the mutants of one package (POSIX: each mutant runs in a forked child).
 
     ``targets`` are --target values, ``mutant_patterns`` --mutant values,
     ``cases`` a list of catalog cases (default: all), ``equivalent`` the
-    mapping of equivalent.json; ``progress(total)`` may return a callable
-    that is called with each mutant id as it finishes.
+    mapping of equivalent.json; ``package`` a name of ``PACKAGES``,
+    ``kernels`` the names of its kernels to run (default: all; the files
+    only other kernels run are then out of scope); ``progress(total, name)``
+    may return a callable that is called with each mutant id as it finishes.
     """
     from .catalog import CASES
     from .runner import load_deviations
@@ -1284,11 +1652,17 @@ def run_campaign(
         raise _bad("--jobs", "an integer >= 1", jobs)
     if not timeout > 0:
         raise _bad("--timeout", "a positive number of seconds", timeout)
-    root = package_dir()
-    files = scope_files(root)
-    chosen_files = select_targets(targets, files)
+    if package not in PACKAGES:
+        raise _bad("--package", f"one of {', '.join(PACKAGES)}", repr(package))
+    p = PACKAGES[package]
+    chosen_kernels = select_kernels(kernels, p)
+    adapters = tuple(dict.fromkeys(a for k in p.kernels if k.name in chosen_kernels for a in k.adapters))
+    adapter_names = _adapter_names(adapters)
+    root = package_dir(p.name)
+    files = scope_files(root, p)
+    chosen_files = select_targets(targets, kernel_files(files, p, kernels), p)
     sources = {f: (root / f).read_text(encoding="utf-8") for f in chosen_files}
-    mutants = select_mutants([m for f in chosen_files for m in generate(sources[f], f)], mutant_patterns)
+    mutants = select_mutants([m for f in chosen_files for m in generate(sources[f], f, p.name)], mutant_patterns)
     equivalent = dict(equivalent or {})
     cases = list(CASES) if cases is None else list(cases)
     other_dtype_cases = [c.id for c in cases if cell_dtype(c) is None]
@@ -1302,46 +1676,51 @@ def run_campaign(
             raise GoldenError(f"{case.id}: missing from the goldens; run `python -m conformance generate`")
         entries.append(manifest["cases"][case.id])
         tensors.append(load_case(case.id, entries[-1], directory))
-    deviations = [d for d in load_deviations() if d.adapter == "numpy"]
+    deviations = [d for d in load_deviations() if d.adapter in adapter_names.values()]
     trace_files = {os.path.realpath(root / f): f for f in files}
-    state = _State(cases, entries, tensors, deviations, trace_files)
-    pool = _Pool(state, jobs, max(timeout, 600.0))
+    state = _State(cases, entries, tensors, deviations, trace_files, p.name, adapters, _compile_package(p.name))
+    for name in p.preload:  # imported once here, so that no child imports it again; nothing of it runs here
+        importlib.import_module(name)
+    n = len(adapters)
+    gc.freeze()  # what the parent holds now: no child's garbage collection touches (and so copies) it
     try:
-        pool.start(-1, None, list(range(len(cases))), stop_early=False, trace=True)
-        baseline = None
-        while pool.running:
-            for _, outcome in pool.finished():
-                baseline = outcome
+        baseline, seconds = _baseline(state, n)
+        if baseline is None or "lines" not in baseline or baseline.get("failures"):
+            problem = (baseline or {}).get("failures") or [(baseline or {}).get("killed") or baseline]
+            raise RuntimeError(f"the unmutated {p.name} does not pass the selected cases: {problem[:3]}")
+        lines = {(f, line) for f, line in baseline["lines"]}
+        reach = _Reach(baseline, sources, len(cases) * n, _mentions(root, p.name)) if p.cell_reach else None
+        outcomes: dict = {}
+        runnable, cells = [], []
+        for m in mutants:
+            allowed = None if reach is None else reach.cells(m)
+            if not _reached(m, lines) or allowed is not None and not allowed:
+                outcomes[m.id] = Outcome(m, "unreached", argument=equivalent.get(m.id))
+                continue
+            runnable.append(m)
+            cells.append(allowed)
+        step = progress(len(runnable), p.name) if progress else None
+        results, took = _run_mutants(state, runnable, cells, jobs, timeout, root, sources, step)
     finally:
-        pool.close()
-    if baseline is None or "lines" not in baseline or baseline.get("failures"):
-        problem = (baseline or {}).get("failures") or [(baseline or {}).get("killed") or baseline]
-        raise RuntimeError(f"the unmutated reference does not pass the selected cases: {problem[:3]}")
-    lines = {(f, n) for f, n in baseline["lines"]}
-
-    outcomes: dict = {}
-    runnable = []
-    for m in mutants:
-        if not _reached(m, lines):
-            outcomes[m.id] = Outcome(m, "unreached", argument=equivalent.get(m.id))
-            continue
-        runnable.append(m)
-    step = progress(len(runnable)) if progress else None
-    results = _run_mutants(state, runnable, jobs, timeout, root, sources, step)
-    for m, result in zip(runnable, results):
+        gc.unfreeze()
+    for m, allowed, result, t in zip(runnable, cells, results, took):
+        ran = () if allowed is None else tuple(adapter_names[adapters[a]] for a in sorted({c % n for c in allowed}))
         if "build" in result:
-            outcomes[m.id] = Outcome(m, "error-on-build", message=result["build"])
+            outcomes[m.id] = Outcome(m, "error-on-build", message=result["build"], adapters=ran)
         elif "timeout" in result:
-            outcomes[m.id] = Outcome(m, "timeout", killed_by=result["timeout"])
+            outcomes[m.id] = Outcome(m, "timeout", killed_by=result["timeout"], adapters=ran)
         elif result.get("killed"):
-            status = "killed" if result["killed"].get("by_rule", True) else "killed-unclaimed"
-            outcomes[m.id] = Outcome(m, status, killed_by=result["killed"])
+            killed = dict(result["killed"])
+            adapter = killed.pop("adapter", None)
+            status = "killed" if killed.get("by_rule", True) else "killed-unclaimed"
+            outcomes[m.id] = Outcome(m, status, killed_by=killed, adapter=adapter, adapters=ran)
         elif m.id in equivalent:
-            outcomes[m.id] = Outcome(m, "equivalent", argument=equivalent[m.id])
+            outcomes[m.id] = Outcome(m, "equivalent", argument=equivalent[m.id], adapters=ran)
         else:
-            outcomes[m.id] = Outcome(m, "survived")
+            outcomes[m.id] = Outcome(m, "survived", adapters=ran)
+        seconds[outcomes[m.id].status] = seconds.get(outcomes[m.id].status, 0.0) + t
     ordered = [outcomes[m.id] for m in mutants]
-    stale = stale_equivalent(equivalent, ordered, chosen_files, mutant_patterns)
+    stale = stale_equivalent(equivalent, ordered, [p.id_prefix + f for f in chosen_files], mutant_patterns)
     return Campaign(
         chosen_files,
         [c.id for c in cases],
@@ -1350,15 +1729,153 @@ def run_campaign(
         stale,
         list(mutant_patterns or []),
         other_dtype_cases,
+        p.name,
+        chosen_kernels,
+        adapter_names,
+        seconds,
     )
 
 
-def _run_mutants(state, runnable, jobs, timeout, root, sources, step) -> list:
-    """Run every mutant; mutant i orders the cases by the kills of mutants 0 .. i - WINDOW."""
+def _baseline(state: "_State", adapters: int) -> tuple:
+    """The unmutated package through every cell under the tracer, in one child: (its result, {"baseline": its
+    wall seconds})."""
+    pool = _Pool(state, 1, 600.0)
+    baseline = None
+    try:
+        cells = [(i, a) for i in range(len(state.cases)) for a in range(adapters)]
+        pool.start(-1, None, cells, stop_early=False, trace=True)
+        while pool.running:
+            for _, outcome in pool.finished():
+                baseline = outcome
+    finally:
+        pool.close()
+    return baseline, {"baseline": pool.seconds.get(-1, 0.0)}
+
+
+class _Reach:
+    """Which (case, adapter) cells of the unmutated run evaluated a mutant's node (a package with cell_reach).
+
+    A node evaluated in no cell cannot change any cell's result. That the node ran is read from the bytecode
+    instructions that ran: an instruction whose source span lies inside the node's is part of it (a branch
+    that a line shares with code that ran, such as the 16-bit path of ``x if c else y``, is not). A node with
+    no instruction of its own (a constant folded into a tuple), a default value (evaluated at the definition,
+    used when the body runs) and module-level code fall back to the lines: every cell that ran one of the
+    mutant's lines, every cell when the import did, but for a module constant (``NAME = value``, the name
+    mentioned nowhere else): it counts by the instructions that read its name. Cells are numbered case *
+    adapters + adapter.
+    """
+
+    def __init__(self, baseline: dict, sources: dict, total: int, names: Optional[dict] = None):
+        self.total = total
+        self.lines = {(f, line): numbers for f, line, numbers in baseline.get("reach", ())}
+        self.ran: dict = {}  # rel -> start line -> [(span, numbers)]
+        for rel, line, col, end_line, end_col, numbers in baseline.get("spans", ()):
+            self.ran.setdefault(rel, {}).setdefault(line, []).append(((line, col, end_line, end_col), numbers))
+        self.compiled = {rel: _instruction_spans(source, rel) for rel, source in sources.items()}
+        self.sources, self.trees = sources, {}
+        self.names = names or {}  # identifier -> the files (package and conformance code) that mention it
+
+    def cells(self, m: Mutant) -> frozenset:
+        first, last = m.reach or (m.line, m.end_line)
+        own = (first, last) == (m.line, m.end_line) and m.end_col >= 0
+        compiled = self.compiled.get(m.file, {})
+        start, end = (m.line, m.col), (m.end_line, m.end_col)
+        numbers: set = set()
+        reads = self.constant_reads(m) if m.function == "<module>" else None
+        if reads is not None:  # a module constant: the cells that read it
+            for span in reads:
+                numbers.update(self.ran_inside(m.file, span))
+        elif own and any(
+            _inside(span, start, end) for line in range(m.line, m.end_line + 1) for span in compiled.get(line, ())
+        ):
+            numbers.update(self.ran_inside(m.file, (*start, *end)))
+        else:
+            for line in range(first, last + 1):
+                numbers.update(self.lines.get((m.file, line), ()))
+        if -1 in numbers:
+            return frozenset(range(self.total))
+        return frozenset(numbers)
+
+    def ran_inside(self, rel: str, span: tuple) -> set:
+        """The cells in which an instruction of the source span (line, col, end_line, end_col) ran."""
+        out: set = set()
+        for line in range(span[0], span[2] + 1):
+            for ran_span, numbers in self.ran.get(rel, {}).get(line, ()):
+                if _inside(ran_span, span[:2], span[2:]):
+                    out.update(numbers)
+        return out
+
+    def constant_reads(self, m: Mutant) -> Optional[list]:
+        """For a mutant of a module-level ``NAME = value`` whose value calls nothing but the builtin containers and
+        whose name no other module of the package (nor the conformance code) mentions: the spans of the module's
+        reads of NAME (a changed value matters only where it is read). None for any other mutant."""
+        if not m.path or m.path[0][0] != "body":
+            return None
+        if m.file not in self.trees:
+            self.trees[m.file] = ast.parse(self.sources[m.file])
+        tree = self.trees[m.file]
+        stmt = tree.body[m.path[0][1]]
+        targets = [stmt.target] if isinstance(stmt, ast.AnnAssign) else getattr(stmt, "targets", [])
+        if len(targets) != 1 or not isinstance(targets[0], ast.Name) or m.replacement is None or stmt.value is None:
+            return None
+        pure = all(
+            isinstance(n.func, ast.Name) and n.func.id in PURE_CALLS
+            for n in ast.walk(stmt.value)
+            if isinstance(n, ast.Call)
+        )
+        name = targets[0].id
+        if not pure or self.names.get(name, set()) - {m.file}:
+            return None
+        return [
+            (n.lineno, n.col_offset, n.end_lineno, n.end_col_offset)
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+        ]
+
+
+#: The calls a module constant's value may make and still be read only through its name.
+PURE_CALLS = frozenset({"frozenset", "tuple", "dict", "set", "list", "len", "int", "float"})
+
+
+def _mentions(root: pathlib.Path, package: str) -> dict:
+    """identifier -> the files that mention it: each module of the package (relative to it) and, as one file,
+    the conformance code (which the children run too)."""
+    out: dict = {}
+    texts = [(p.relative_to(root).as_posix(), p) for p in root.rglob("*.py") if "__pycache__" not in p.parts]
+    texts += [("<conformance>", p) for p in HERE.rglob("*.py") if "__pycache__" not in p.parts]
+    for rel, path in texts:
+        for word in set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", path.read_text(encoding="utf-8"))):
+            out.setdefault(word, set()).add(rel)
+    return out
+
+
+def _inside(span: tuple, start: tuple, end: tuple) -> bool:
+    """Whether the source span (line, col, end_line, end_col) lies within start (line, col) .. end."""
+    return start <= span[:2] and span[2:] <= end
+
+
+def _instruction_spans(source: str, rel: str) -> dict:
+    """start line -> the source spans (line, col, end_line, end_col) of the instructions a module compiles to
+    (its nested code objects too): where a node has instructions of its own."""
+    out: dict = {}
+    stack = [compile(source, rel, "exec", dont_inherit=True)]
+    while stack:
+        code = stack.pop()
+        for line, end_line, col, end_col in code.co_positions():
+            if None not in (line, end_line, col, end_col):
+                out.setdefault(line, set()).add((line, col, end_line, end_col))
+        stack.extend(c for c in code.co_consts if isinstance(c, type(code)))
+    return out
+
+
+def _run_mutants(state, runnable, cells, jobs, timeout, root, sources, step) -> tuple:
+    """Run every mutant; mutant i orders the cases by the kills of mutants 0 .. i - WINDOW, and runs the cells of
+    ``cells[i]`` (None: all) in that order. (results, the wall seconds of each child)"""
     n = len(runnable)
     results: list = [None] * n
     kills = [0] * len(state.cases)
     index_of = {c.id: i for i, c in enumerate(state.cases)}
+    adapters = len(state.adapters)
     counted = 0  # results[0:counted] are in kills
     pool = _Pool(state, jobs, timeout)
     try:
@@ -1382,6 +1899,10 @@ def _run_mutants(state, runnable, jobs, timeout, root, sources, step) -> list:
                     next_index += 1
                     continue
                 order = sorted(range(len(state.cases)), key=lambda i: (-kills[i], i))
+                allowed = cells[next_index]
+                order = [
+                    (i, a) for i in order for a in range(adapters) if allowed is None or i * adapters + a in allowed
+                ]
                 pool.start(next_index, module, order, rules=m.rules)
                 next_index += 1
             for index, outcome in pool.finished():
@@ -1390,7 +1911,7 @@ def _run_mutants(state, runnable, jobs, timeout, root, sources, step) -> list:
                     step(runnable[index].id)
     finally:
         pool.close()
-    return results
+    return results, [pool.seconds.get(i, 0.0) for i in range(n)]
 
 
 def stale_equivalent(equivalent: dict, outcomes: list, files: list, patterns: Optional[list]) -> list:
@@ -1428,23 +1949,61 @@ REPRODUCE = (
     ("a mutant as a diff", "python -m conformance campaign --show 'ID'"),
     ("every mutant, without running", "python -m conformance campaign --list"),
 )
+#: The same, for a package other than numpy_ref ({package}; {kernel}: one of its kernels; {file}: one of its files).
+REPRODUCE_PACKAGE = (
+    ("the full campaign", "python -m conformance campaign --package {package} --jobs 2"),
+    ("one kernel", "python -m conformance campaign --kernel {kernel} --report-dir /tmp/campaign"),
+    ("one file", "python -m conformance campaign --target {package}/{file} --report-dir /tmp/campaign"),
+    ("one mutant", "python -m conformance campaign --mutant 'ID' --report-dir /tmp/campaign"),
+    ("a mutant as a diff", "python -m conformance campaign --show 'ID'"),
+    ("every mutant, without running", "python -m conformance campaign --package {package} --list"),
+)
+
+
+def _how_it_runs(c: Campaign) -> str:
+    """The report's paragraph on how the mutants ran."""
+    p = PACKAGES[c.package]
+    if c.package == PACKAGE:
+        return (
+            "Each mutant is one "
+            "AST change of a numpy_ref file, run against the conformance catalog with the `numpy` adapter on cpu, "
+            "each case in float64 (float32 where it is stored in float32 only); it is killed when a check claiming a "
+            "rule its function's docstring names fails. "
+        )
+    names = ", ".join(f"`{c.adapters.get(a, a)}`" for a in p.adapters if a in c.adapters)
+    notes = " ".join(f"{k.name} runs {k.note}." for k in p.kernels if k.note and k.name in c.kernels)
+    return (
+        f"Each mutant is one AST change of a {p.name} file, run against the conformance catalog through the adapters "
+        f"of the kernels that run it ({names}) on cpu, in the (case, adapter) cells whose unmutated run executed "
+        "the mutated lines (every cell for module-level code), each case in float64 (float32 where it is stored in "
+        f"float32 only). {notes} A mutant is killed when a check claiming a rule its function's docstring names "
+        "fails. "
+    )
+
+
+def _reproduce(c: Campaign) -> tuple:
+    if c.package == PACKAGE:
+        return REPRODUCE
+    p = PACKAGES[c.package]
+    own = next((k for k in p.kernels if k.files), p.kernels[0])
+    file = own.files[0] if own.files else (c.targets[0] if c.targets else "FILE")
+    return tuple((what, cmd.format(package=p.name, kernel=own.name, file=file)) for what, cmd in REPRODUCE_PACKAGE)
 
 
 def render_markdown(c: Campaign) -> str:
     t = c.totals()
     out = [
-        "# Mutation campaign over numpy_ref",
+        f"# Mutation campaign over {c.package}",
         "",
-        "Written by `python -m conformance campaign` (conformance/campaign.py); do not edit. Each mutant is one "
-        "AST change of a numpy_ref file, run against the conformance catalog with the `numpy` adapter on cpu, "
-        "each case in float64 (float32 where it is stored in float32 only); it is killed when a check claiming a "
-        "rule its function's docstring names fails. "
-        "A survivor is either equivalent (it cannot change any "
-        "result the spec defines; the argument is in `campaign_data/equivalent.json`) or a test input the catalog "
+        "Written by `python -m conformance campaign` (conformance/campaign.py); do not edit. "
+        + _how_it_runs(c)
+        + "A survivor is either equivalent (it cannot change any "
+        "result the spec defines; the argument is in "
+        f"`{PACKAGES[c.package].data_dir.relative_to(HERE).as_posix()}/equivalent.json`) or a test input the catalog "
         "lacks.",
         "",
         f"Scope: {len(c.targets)} files ({', '.join(c.targets)}), {len(c.case_ids)} cases, "
-        f"{c.checks} checks on the unmutated reference"
+        f"{c.checks} checks on the unmutated {'reference' if c.package == PACKAGE else 'kernels'}"
         + (f"; mutants matching {', '.join(c.mutant_patterns)}" if c.mutant_patterns else "")
         + "."
         + (
@@ -1467,7 +2026,23 @@ def render_markdown(c: Campaign) -> str:
     for f in c.targets:
         rows = [o for o in c.outcomes if o.mutant.file == f]
         counts = [sum(o.status == s for o in rows) for s in columns]
-        out.append(f"| {PACKAGE}/{f} | {len(rows)} | " + " | ".join(map(str, counts)) + " |")
+        out.append(f"| {c.package}/{f} | {len(rows)} | " + " | ".join(map(str, counts)) + " |")
+    if len(PACKAGES[c.package].kernels) > 1:
+        out += [
+            "",
+            "By kernel: its own files' mutants; then, of the shared files' mutants, those its cells ran and those it "
+            "killed first (each case runs through the adapters in the order of this table).",
+        ]
+        out += ["", "| kernel | adapter | own files | generated | " + " | ".join(columns) + " | shared: ran | "]
+        out[-1] += "shared: killed |"
+        out += ["| --- | --- | --- | ---: |" + " ---: |" * (len(columns) + 2)]
+        for row in kernel_rows(c):
+            counts = [row["own"][s] for s in ("generated", *columns)]
+            out.append(
+                f"| {row['kernel']} | {', '.join(f'`{a}`' for a in row['adapters'])} | "
+                f"{', '.join(row['files']) or '-'} | " + " | ".join(map(str, counts)) + " | "
+                f"{row['shared_ran']} | {row['shared_killed']} |"
+            )
     survivors = [o for o in c.outcomes if o.status in ("survived", "equivalent")]
     out += ["", f"## Survivors ({len(survivors)})", ""]
     if survivors:
@@ -1515,10 +2090,11 @@ def render_markdown(c: Campaign) -> str:
     groups: dict = {}
     for o in unreached:
         groups.setdefault((o.mutant.file, o.mutant.function), []).append(o)
-    reasons = load_unreached()
+    reasons = load_unreached(PACKAGES[c.package].data_dir / UNREACHED_FILE.name)
     for (f, function), rows in groups.items():
-        out += ["", f"### {PACKAGE}/{f}: {function} ({len(rows)})", ""]
-        out += [f"Why unreached: {reasons.get(f'{f}:{function}', '**no reason given** (unreached.json)')}", ""]
+        key = f"{PACKAGES[c.package].id_prefix}{f}:{function}"
+        out += ["", f"### {c.package}/{f}: {function} ({len(rows)})", ""]
+        out += [f"Why unreached: {reasons.get(key, '**no reason given** (unreached.json)')}", ""]
         for o in rows:
             note = f" (argued equivalent: {o.argument})" if o.argument else ""
             out.append(
@@ -1543,31 +2119,70 @@ def render_markdown(c: Campaign) -> str:
     out += ["| --- |" + " ---: |" * len(STATUSES)]
     out += [f"| {op} | " + " | ".join(str(ops[op][s]) for s in STATUSES) + " |" for op in sorted(ops)]
     out += ["", "## Reproduce", ""]
-    out += [f"- {what}: `{cmd}`" for what, cmd in REPRODUCE]
+    out += [f"- {what}: `{cmd}`" for what, cmd in _reproduce(c)]
     out += ["", "The campaign forks one child per mutant (POSIX only); `--jobs N` runs N at once."]
     return "\n".join(out) + "\n"
 
 
+def kernel_rows(c: Campaign) -> list:
+    """Per kernel run: its adapters, its own files and their mutants' totals, and the mutants of the shared files
+    that its cells ran (``shared_ran``) and that its checks killed (``shared_killed``)."""
+    p = PACKAGES[c.package]
+    owned = {f for k in p.kernels for f in k.files}
+    rows = []
+    for k in p.kernels:
+        if k.name not in c.kernels:
+            continue
+        names = [c.adapters.get(a, a) for a in k.adapters]
+        own = [o for o in c.outcomes if o.mutant.file in k.files]
+        shared = [o for o in c.outcomes if o.mutant.file not in owned]
+        totals = {"generated": len(own), **{s: sum(o.status == s for o in own) for s in STATUSES}}
+        rows.append(
+            {
+                "kernel": k.name,
+                "adapters": names,
+                "files": [f"{p.name}/{f}" for f in k.files],
+                "own": totals,
+                "shared_ran": sum(bool(set(o.adapters) & set(names)) for o in shared),
+                "shared_killed": sum(o.status == "killed" and o.adapter in names for o in shared),
+            }
+        )
+    return rows
+
+
 def report_json(c: Campaign) -> dict:
+    names = [c.adapters[a] for a in PACKAGES[c.package].adapters if a in c.adapters]
     return {
+        "package": c.package,
         "scope": {
-            "files": [f"{PACKAGE}/{f}" for f in c.targets],
+            "files": [f"{c.package}/{f}" for f in c.targets],
             "cases": c.case_ids,
             "checks": c.checks,
             "cases_without_float64_or_float32": c.other_dtype_cases,
         },
         "mutant_patterns": c.mutant_patterns,
-        "adapter": "numpy",
+        "adapter": names[0] if names else "numpy",
+        "adapters": names,
         "dtypes": list(DTYPES),
         "device": DEVICE,
         "totals": c.totals(),
+        "files": [
+            {
+                "file": f"{c.package}/{f}",
+                "generated": sum(o.mutant.file == f for o in c.outcomes),
+                **{s: sum(o.mutant.file == f and o.status == s for o in c.outcomes) for s in STATUSES},
+            }
+            for f in c.targets
+        ],
+        "kernels": kernel_rows(c),
         "stale_equivalent": [{"id": i, "why": why} for i, why in c.stale],
         "mutants": [o.record() for o in c.outcomes],
     }
 
 
-def write_reports(c: Campaign, directory: pathlib.Path = DATA_DIR) -> list[pathlib.Path]:
-    directory = pathlib.Path(directory)
+def write_reports(c: Campaign, directory: Optional[pathlib.Path] = None) -> list[pathlib.Path]:
+    """report.json and REPORT.md in ``directory`` (default: the package's folder of campaign_data)."""
+    directory = pathlib.Path(directory) if directory is not None else PACKAGES[c.package].data_dir
     directory.mkdir(parents=True, exist_ok=True)
     js, md = directory / "report.json", directory / "REPORT.md"
     js.write_text(json.dumps(report_json(c), indent=1, sort_keys=False) + "\n", encoding="utf-8")
@@ -1576,47 +2191,122 @@ def write_reports(c: Campaign, directory: pathlib.Path = DATA_DIR) -> list[pathl
 
 
 # ======================================================================== CLI
+def select_packages(args) -> dict:
+    """package name -> the names of its kernels to run (None: all), from --package, --kernel and --all; without
+    them, the packages that --target, --mutant or --show name by prefix (``torch_impl/...``), else numpy_ref."""
+    packages = list(getattr(args, "package", None) or [])
+    kernels = list(getattr(args, "kernel", None) or [])
+    for name in packages:
+        if name not in PACKAGES:
+            raise _bad("--package", f"one of {', '.join(PACKAGES)}", repr(name))
+    for name in kernels:
+        if name not in KERNELS:
+            raise _bad("--kernel", f"one of {', '.join(KERNELS)}", repr(name))
+    chosen: dict = {name: None for name in PACKAGES} if getattr(args, "all", False) else {}
+    chosen.update({name: None for name in packages})
+    for name in kernels:
+        if chosen.get(KERNELS[name], ()) is not None:  # not already the whole package
+            chosen.setdefault(KERNELS[name], []).append(name)
+    if not chosen:
+        named = list(args.target or []) + list(args.mutant or []) + ([args.show] if args.show else [])
+        chosen = {p: None for p in PACKAGES if p != PACKAGE and any(x.startswith(p + "/") for x in named)}
+    return {p: chosen[p] for p in PACKAGES if p in chosen} or {PACKAGE: None}
+
+
+def _plan(args, packages: dict) -> list:
+    """(package, kernels, files, targets, mutant patterns) per package that the arguments leave something of."""
+    single = len(packages) == 1
+    plan, used_targets, used_patterns = [], set(), set()
+    for name, kernels in packages.items():
+        files = kernel_files(scope_files(package=name), name, kernels)
+        targets = args.target
+        if targets and not single:  # the targets of this package: prefixed with it, or matching one of its files
+            targets = [
+                t
+                for t in targets
+                if t.startswith(name + "/")
+                or (not any(t.startswith(p + "/") for p in PACKAGES) and any(fnmatch.fnmatchcase(f, t) for f in files))
+            ]
+            used_targets.update(targets)
+            if not targets:
+                continue
+        chosen = select_targets(targets, files, name)
+        patterns = args.mutant
+        if patterns and not single:
+            ids = [m.id for m in generate_files(chosen, package=name)]
+            patterns = [x for x in patterns if any(fnmatch.fnmatchcase(i, x) for i in ids)]
+            used_patterns.update(patterns)
+            if not patterns:
+                continue
+        plan.append((name, kernels, chosen, targets, patterns))
+    for t in args.target or ():
+        if not single and t not in used_targets:
+            scopes = " or ".join(f"{p}/" for p in packages)
+            raise _bad("--target", f"a file in the campaign's scope of {scopes} or a pattern matching one", repr(t))
+    for x in args.mutant or ():
+        if not single and x not in used_patterns:
+            raise _bad("--mutant", "a pattern matching generated mutant ids (see --list)", repr(x))
+    return plan
+
+
 def main(args, progress=None) -> int:
     """``python -m conformance campaign``: see ``conformance.cli``."""
-    root = package_dir()
-    files = scope_files(root)
-    chosen = select_targets(args.target, files)
+    plan = _plan(args, select_packages(args))
     if args.show or args.list:
-        mutants = select_mutants(generate_files(chosen, root), args.mutant)
+        for name, _, chosen, _, patterns in plan:
+            root = package_dir(name)
+            mutants = select_mutants(generate_files(chosen, root, name), patterns)
+            if args.show:
+                hit = [m for m in mutants if m.id == args.show]
+                if hit:
+                    m = hit[0]
+                    print(f"{m.id}  {m.where}  {m.original} -> {m.mutated}")
+                    print(diff(m, root), end="")
+                    return 0
+                continue
+            for m in mutants:
+                print(f"{m.id:60s} {m.line:4d}  {' '.join(m.original.split())} -> {' '.join(m.mutated.split())}")
+            print(f"{len(mutants)} mutants in {len(chosen)} files" + (f" of {name}" if name != PACKAGE else ""))
         if args.show:
-            hit = [m for m in mutants if m.id == args.show]
-            if not hit:
-                raise _bad("--show", "the id of a generated mutant (see --list)", repr(args.show))
-            m = hit[0]
-            print(f"{m.id}  {m.where}  {m.original} -> {m.mutated}")
-            print(diff(m, root), end="")
-            return 0
-        for m in mutants:
-            print(f"{m.id:60s} {m.line:4d}  {' '.join(m.original.split())} -> {' '.join(m.mutated.split())}")
-        print(f"{len(mutants)} mutants in {len(chosen)} files")
+            raise _bad("--show", "the id of a generated mutant (see --list)", repr(args.show))
         return 0
-    equivalent_path = pathlib.Path(args.equivalent) if args.equivalent else EQUIVALENT_FILE
-    report_dir = pathlib.Path(args.report_dir) if args.report_dir else DATA_DIR
-    started = time.monotonic()
-    c = run_campaign(
-        targets=args.target,
-        mutant_patterns=args.mutant,
-        jobs=args.jobs,
-        timeout=args.timeout,
-        equivalent=load_equivalent(equivalent_path),
-        goldens=pathlib.Path(args.goldens),
-        progress=progress,
-    )
-    elapsed = time.monotonic() - started
+    failed = False
+    for name, kernels, _, targets, patterns in plan:
+        p = PACKAGES[name]
+        equivalent_path = pathlib.Path(args.equivalent) if args.equivalent else p.data_dir / EQUIVALENT_FILE.name
+        report_dir = pathlib.Path(args.report_dir) / p.subdir if args.report_dir else p.data_dir
+        started = time.monotonic()
+        c = run_campaign(
+            targets=targets,
+            mutant_patterns=patterns,
+            jobs=args.jobs,
+            timeout=args.timeout,
+            equivalent=load_equivalent(equivalent_path),
+            goldens=pathlib.Path(args.goldens),
+            progress=progress,
+            package=name,
+            kernels=kernels,
+        )
+        elapsed = time.monotonic() - started
+        failed |= _summary(c, report_dir, elapsed)
+    return 1 if failed and not args.allow_survivors else 0
+
+
+def _summary(c: Campaign, report_dir: pathlib.Path, elapsed: float) -> bool:
+    """Write the reports, print the totals and every finding; whether the campaign failed."""
     for path in write_reports(c, report_dir):
         print(f"wrote {path}")
     t = c.totals()
+    over = "" if c.package == PACKAGE else f" over {c.package} ({', '.join(c.kernels)})"
     print(
-        f"mutation campaign: {t['generated']} mutants in {len(c.targets)} files, {len(c.case_ids)} cases: "
+        f"mutation campaign{over}: {t['generated']} mutants in {len(c.targets)} files, {len(c.case_ids)} cases: "
         f"{t['killed']} killed by rule, {t['killed-unclaimed']} killed by checks claiming none of their rules, "
         f"{t['timeout']} timeouts, {t['survived']} survived, {t['equivalent']} equivalent, "
         f"{t['unreached']} unreached, {t['error-on-build']} errors on build ({elapsed:.0f} s)"
     )
+    if c.seconds:
+        spent = ", ".join(f"{status} {t:.0f} s" for status, t in c.seconds.items() if status != "baseline")
+        print(f"  children's wall time: the unmutated run {c.seconds.get('baseline', 0.0):.0f} s; mutants {spent}")
     for i, why in c.stale:
         print(f"warning: stale equivalence argument {i}: {why}", file=sys.stderr)
     for o in c.unargued_survivors:
@@ -1626,11 +2316,9 @@ def main(args, progress=None) -> int:
         m, k = o.mutant, o.killed_by or {}
         print(
             f"  KILLED-UNCLAIMED {m.id}  {m.where}  rules {', '.join(m.rules)}; caught only by "
-            f"{k.get('case')} / {k.get('check') or k.get('kind')}"
+            f"{k.get('case')} / {k.get('check') or k.get('kind')}" + (f" ({o.adapter})" if o.adapter else "")
         )
     unexplained = unexplained_unreached(c)
     for group in unexplained:
         print(f"  UNREACHED without a reason in unreached.json: {group}")
-    if (c.unargued_survivors or c.unclaimed_kills or unexplained) and not args.allow_survivors:
-        return 1
-    return 0
+    return bool(c.unargued_survivors or c.unclaimed_kills or unexplained)

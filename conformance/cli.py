@@ -338,7 +338,7 @@ def parser() -> argparse.ArgumentParser:
         description="AST mutants of a package run against the catalog, each in a forked child (POSIX). Default: "
         "numpy_ref through the numpy and numpy:blockwise adapters. --package torch_impl (or --kernel torch:eager, "
         "torch:tiles, torch:sdpa) mutates torch_impl's kernels and the code they share, run through those "
-        "kernels' adapters (the tiles kernel with tiles of a few rows). See conformance/campaign.py.",
+        "kernels' adapters (the tiles kernel also cut into tiles of a few rows). See conformance/campaign.py.",
     )
     camp.add_argument(
         "--package",

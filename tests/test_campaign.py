@@ -373,3 +373,223 @@ def test_cli_lists_and_shows_mutants(capsys):
     out = capsys.readouterr().out
     assert "-    return x.transpose(0, 2, 1, 3).reshape(B, L, H * d)" in out
     assert "+    return x.transpose(0, 1, 2, 3).reshape(B, L, H * d)" in out
+
+
+# ---------------------------------------------------------------- torch_impl's kernels
+TORCH_TOY = '''\
+"""A toy torch module."""
+
+import torch
+
+
+def f(x, m):
+    y = torch.where(m, x, torch.zeros_like(x))
+    z = y.amax(dim=-1, keepdim=True)
+    return z.transpose(1, 2).detach()
+'''
+
+
+def test_torch_operators_read_torch_names_and_ids_name_the_package():
+    got = {m.id: (m.line, m.original, m.mutated) for m in campaign.generate(TORCH_TOY, "toy.py", "torch_impl")}
+    assert got == {
+        "torch_impl/toy.py:f:where-swap:0": (
+            7, "torch.where(m, x, torch.zeros_like(x))", "torch.where(m, torch.zeros_like(x), x)"
+        ),
+        "torch_impl/toy.py:f:func-swap:0": (7, "torch.zeros_like(x)", "torch.ones_like(x)"),
+        "torch_impl/toy.py:f:func-swap:1": (8, "y.amax(dim=-1, keepdim=True)", "y.amin(dim=-1, keepdim=True)"),
+        "torch_impl/toy.py:f:axis:0": (8, "-1", "0"),
+        "torch_impl/toy.py:f:axis:1": (8, "-1", "-2"),
+        "torch_impl/toy.py:f:keepdims:0": (8, "keepdim=True", "keepdim=False"),
+        "torch_impl/toy.py:f:call-drop:0": (9, "z.transpose(1, 2).detach()", "z.transpose(1, 2)"),
+        "torch_impl/toy.py:f:axis:2": (9, "1", "2"),  # torch's transpose swaps two axes: no perm-swap
+        "torch_impl/toy.py:f:axis:3": (9, "1", "0"),
+        "torch_impl/toy.py:f:axis:4": (9, "2", "3"),
+        "torch_impl/toy.py:f:axis:5": (9, "2", "1"),
+    }  # fmt: skip
+    # the same source read as numpy_ref's: no torch names (dim is a plain integer, transpose a permutation)
+    assert {m.id for m in campaign.generate(TORCH_TOY, "toy.py")} == {
+        "toy.py:f:int-const:0",
+        "toy.py:f:int-const:1",
+        "toy.py:f:perm-swap:0",
+    }
+
+
+@pytest.fixture(scope="module")
+def torch_mutants():
+    return campaign.generate_files(campaign.scope_files(package="torch_impl"), package="torch_impl")
+
+
+def test_kernel_mutant_ids_are_prefixed_with_their_package(torch_mutants, reference_mutants):
+    from spec import rule_ids
+
+    files = set(campaign.scope_files(package="torch_impl"))
+    assert {"kernels/eager.py", "kernels/tiles.py", "kernels/sdpa.py", "kernels/_base.py", "_core.py"} <= files
+    assert {"functional.py", "schemes/shaw.py"} <= files and not {"kernels/flex.py", "kernels/fused.py"} & files
+    ids = [m.id for m in torch_mutants]
+    assert len(ids) == len(set(ids)) and not set(ids) & {m.id for m in reference_mutants}
+    known = set(rule_ids())
+    for m in torch_mutants:
+        assert (
+            m.id.startswith(f"torch_impl/{m.file}:{m.function}:{m.operator}:") and m.id_file == f"torch_impl/{m.file}"
+        )
+        assert m.where == f"torch_impl/{m.file}:{m.line}" and m.module.startswith("torch_impl")
+        assert m.rules and set(m.rules) <= known, m.id
+    assert not any(m.id.startswith("numpy_ref/") for m in reference_mutants)  # numpy_ref's ids stay as stored
+    assert campaign.kernel_files(sorted(files), "torch_impl", ["torch:sdpa"]) == sorted(
+        files - {"kernels/eager.py", "kernels/tiles.py"}
+    )
+
+
+def test_the_small_tiles_cut_every_case_into_several_tiles():
+    """TorchSmallTilesAdapter sizes the tiles kernel's knobs to the call: the catalog's commonest case (B = 2,
+    H = 2, Lq = 5, Lk = 7) gets two query tiles of one (batch, head) pair each, its causal calls three query
+    tiles of both heads, each reading the keys up to its last query (CAUSAL-1)."""
+    import numpy as np
+
+    from conformance.adapters.torch_impl_adapter import TorchSmallTilesAdapter
+
+    kernel = TorchSmallTilesAdapter().kernel_for("cpu", {"query": np.zeros((2, 5, 4)), "key": np.zeros((2, 7, 4))})
+    assert (kernel.elements, kernel.query_rows, kernel.min_rows) == (28, 2, 2)
+    plain = kernel.grid(2, 2, 5, 7, causal_prefix=False, short_rows=False, device_type="cpu")
+    assert [[[(t.h, t.q0, t.q1, t.k1) for t in h] for h in g] for g in plain[:1]] == [
+        [[(slice(0, 1), 0, 4, 7), (slice(0, 1), 4, 5, 7)], [(slice(1, 2), 0, 4, 7), (slice(1, 2), 4, 5, 7)]]
+    ]
+    causal = kernel.grid(2, 2, 5, 7, causal_prefix=True, short_rows=True, device_type="cpu")
+    assert len(causal) == 2 and [(t.h, t.q0, t.q1, t.k1) for t in causal[0][0]] == [
+        (slice(None), 0, 2, 2),
+        (slice(None), 2, 4, 4),
+        (slice(None), 4, 5, 5),
+    ]
+
+
+TORCH_CASE_IDS = ("causal/self/top-left", "vanilla/cross/lq5-lk7", "peer/gqa/self/h4-kv2")
+
+
+def _on_line(mutants, file, function, operator, original, mutated, text):
+    """The id of the one mutant of ``function`` whose line of source contains ``text``."""
+    root = campaign.package_dir("torch_impl")
+    lines = (root / file).read_text(encoding="utf-8").splitlines()
+    hits = [
+        m
+        for m in mutants
+        if (m.file, m.function, m.operator, m.original, m.mutated) == (file, function, operator, original, mutated)
+        and text in lines[m.line - 1]
+    ]
+    assert len(hits) == 1, hits
+    return hits[0].id
+
+
+@pytest.fixture(scope="module")
+def torch_ids(torch_mutants):
+    tiles = [m for m in torch_mutants if m.file == "kernels/tiles.py"]
+    return {
+        # every tile starts one query late: query 0 is never computed, the tiles after the first are misplaced
+        "boundary": _on_line(tiles, "kernels/tiles.py", "Tiles.grid", "int-const", "0", "1", "ranges = "),
+        # causal tiles read every key and other tiles a prefix: the causal prefix skip turned inside out
+        "prefix": _on_line(
+            tiles, "kernels/tiles.py", "Tiles.grid", "cond-negate", "causal_prefix", "not causal_prefix", "Tile("
+        ),
+        # the keys after the diagonal of a causal tile are no longer masked
+        "diagonal": _find(
+            tiles,
+            "kernels/tiles.py",
+            "_tile",
+            "stmt-drop",
+            "_disallow_after_diagonal(logits, t.q0, run.future)",
+            "pass",
+        ),
+        # the default min_rows, 16 -> 17: tile sizes only
+        "equivalent": _find(tiles, "kernels/tiles.py", "Tiles", "int-const", "16", "17"),
+    }
+
+
+@pytest.fixture(scope="module")
+def torch_campaign(torch_ids):
+    return campaign.run_campaign(
+        package="torch_impl",
+        kernels=["torch:tiles"],
+        targets=["kernels/tiles.py"],
+        mutant_patterns=list(torch_ids.values()),
+        cases=[c for c in CASES if c.id in TORCH_CASE_IDS],
+        jobs=2,
+        equivalent={torch_ids["equivalent"]: "a default knob: tile sizes only"},
+    )
+
+
+def test_a_torch_tiles_campaign_kills_wrong_tiles_by_rule_and_spares_an_equivalent(torch_campaign, torch_ids):
+    c = torch_campaign
+    assert (c.package, c.kernels, c.targets) == ("torch_impl", ["torch:tiles"], ["kernels/tiles.py"])
+    assert c.adapters == {campaign.SMALL_TILES_ADAPTER: "torch:tiles-small", "torch:tiles": "torch:tiles"}
+    status = {o.mutant.id: o for o in c.outcomes}
+    for name in ("boundary", "prefix", "diagonal"):
+        o = status[torch_ids[name]]
+        assert o.status == "killed" and o.killed_by["by_rule"] and o.killed_by["case"] in TORCH_CASE_IDS, o
+        assert o.adapter in ("torch:tiles-small", "torch:tiles") and "torch:tiles-small" in o.adapters
+        assert o.mutant.id.startswith("torch_impl/kernels/tiles.py:")
+    assert set(status[torch_ids["diagonal"]].mutant.rules) >= {"CAUSAL-1"}
+    assert status[torch_ids["diagonal"]].killed_by["case"] == "causal/self/top-left"
+    assert status[torch_ids["equivalent"]].status == "equivalent"
+    assert c.seconds["baseline"] > 0 and c.checks > 0
+
+
+def test_the_torch_report_has_a_row_per_kernel_and_file(torch_campaign, tmp_path):
+    paths = campaign.write_reports(torch_campaign, tmp_path)
+    data = json.loads(paths[0].read_text())
+    assert data["package"] == "torch_impl" and data["adapters"] == ["torch:tiles-small", "torch:tiles"]
+    assert data["totals"]["killed"] == 3 and data["totals"]["equivalent"] == 1
+    (row,) = data["kernels"]
+    assert row["kernel"] == "torch:tiles" and row["files"] == ["torch_impl/kernels/tiles.py"]
+    assert row["own"]["killed"] == 3 and row["own"]["equivalent"] == 1
+    assert [f["file"] for f in data["files"]] == ["torch_impl/kernels/tiles.py"]
+    assert all(r["id"].startswith("torch_impl/kernels/tiles.py:") for r in data["mutants"])
+    md = paths[1].read_text()
+    assert (
+        md.startswith("# Mutation campaign over torch_impl")
+        and "| torch:tiles | `torch:tiles-small`, `torch:tiles` |" in md
+    )
+    assert "campaign_data/torch_impl/equivalent.json" in md and "--kernel torch:eager" in md
+
+
+def test_bad_packages_and_kernels_are_named(capsys):
+    assert cli.main(["campaign", "--kernel", "torch:nope", "--list"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "conformance: --kernel: expected one of numpy, torch:eager, torch:tiles, torch:sdpa, got 'torch:nope'"
+    )
+    assert cli.main(["campaign", "--package", "jax", "--list"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "conformance: --package: expected one of numpy_ref, torch_impl, got 'jax'"
+    )
+    assert cli.main(["campaign", "--all", "--target", "nope.py", "--list"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "conformance: --target: expected a file in the campaign's scope of numpy_ref/ or torch_impl/ or a "
+        "pattern matching one, got 'nope.py'"
+    )
+    with pytest.raises(ValueError, match=r"^--kernel: expected a kernel of numpy_ref \(numpy\), got 'torch:sdpa'$"):
+        campaign.select_kernels(["torch:sdpa"], "numpy_ref")
+    with pytest.raises(ValueError, match=r"^--package: expected one of numpy_ref, torch_impl, got 'torch'$"):
+        campaign.run_campaign(package="torch")
+    with pytest.raises(ValueError, match=r"^--target: expected a file of torch_impl/ in the campaign's scope "):
+        campaign.select_targets(["kernels/flex.py"], campaign.scope_files(package="torch_impl"), "torch_impl")
+
+
+def test_cli_lists_a_kernel_and_a_package_named_by_its_prefix(capsys):
+    assert cli.main(["campaign", "--kernel", "torch:sdpa", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "torch_impl/kernels/sdpa.py:attention:" in out and "torch_impl/_core.py:" in out
+    assert "kernels/tiles.py" not in out and "kernels/eager.py" not in out and "masking.py" not in out
+    assert re.search(r"\d+ mutants in \d+ files of torch_impl\n$", out)
+    assert cli.main(["campaign", "--target", "torch_impl/kernels/eager.py", "--list"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert all(line.startswith("torch_impl/kernels/eager.py:") for line in out[:-1]) and "in 1 files" in out[-1]
+    assert cli.main(["campaign", "--show", "torch_impl/kernels/tiles.py:_tile:stmt-drop:0"]) == 0
+    assert "--- torch_impl/kernels/tiles.py\n" in capsys.readouterr().out
+
+
+def test_the_stored_kernel_arguments_name_generated_mutants_and_functions(torch_mutants):
+    """campaign_data/torch_impl: every equivalence argument names a mutant the campaign generates, every unreached
+    reason a function of the files in scope (a renamed function leaves neither behind)."""
+    data = campaign.PACKAGES["torch_impl"].data_dir
+    equivalent = campaign.load_equivalent(data / "equivalent.json")
+    assert equivalent and set(equivalent) <= {m.id for m in torch_mutants}
+    unreached = campaign.load_unreached(data / "unreached.json")
+    assert unreached and set(unreached) <= {f"{m.id_file}:{m.function}" for m in torch_mutants}

@@ -360,6 +360,23 @@ def test_tiny_tiles_cover_every_query_once_with_two_or_three_queries():
     assert [(t.q0, t.q1, t.k1) for t in causal[0][0]] == [(0, 2, 2), (2, 4, 4), (4, 6, 6)]  # keys up to q1
 
 
+@pytest.mark.parametrize("H, G", [(4, 1), (4, 2), (6, 2), (6, 3), (8, 4)])
+def test_a_tile_holds_whole_groups_of_heads_or_part_of_one(H, G):
+    """HEAD-3: whatever the budget, each (batch, head, query) lies in exactly one tile, and a tile's query heads
+    are whole groups of G heads or a part of one group, so ``Tile.kv_heads`` reads the right key/value heads."""
+    for pairs in range(1, 2 * H + 1):  # pairs of (batch, head) per tile: 4 queries x 4 keys each
+        grid = Tiles(elements=16 * pairs).grid(
+            2, H, 4, 4, causal_prefix=False, short_rows=False, device_type="cpu", group=G
+        )
+        seen = np.zeros((2, H, 4), int)
+        for t in (t for g in grid for heads in g for t in heads):
+            heads = range(H)[t.h]
+            whole = heads.start % G == 0 and len(heads) % G == 0
+            assert whole or heads.start // G == (heads[-1]) // G, (pairs, heads)
+            seen[t.b, t.h, t.q0 : t.q1] += 1
+        assert (seen == 1).all(), pairs
+
+
 def test_default_tiles_are_todays_sizes():
     """The default knobs: 256-query tiles on the CPU where short tiles pay, whole rows elsewhere."""
     cpu = Tiles().grid(1, 2, 1024, 1024, causal_prefix=True, short_rows=True, device_type="cpu")

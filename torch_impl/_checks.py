@@ -1,4 +1,4 @@
-"""Argument checks at the public entry points, worded by ``spec.validation``.
+"""Argument checks at the public entry points (INPUT-1), worded by ``spec.validation``.
 
 Shapes, dtypes and devices only: nothing here reads tensor values, so the
 checks cost no device synchronisation.

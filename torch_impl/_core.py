@@ -170,7 +170,7 @@ def allowed_keys(
 
 
 def dead_keys(allowed: torch.Tensor, B: int, Lk: int) -> torch.Tensor:
-    """MASK-7: keys that no query of any head may attend, (B, Lk) bool."""
+    """MASK-7: keys that no query of any head may attend (none of whose MASK-4 entries is allowed), (B, Lk) bool."""
     return ~as_4d(allowed).any(dim=2).any(dim=1).expand(B, Lk)
 
 

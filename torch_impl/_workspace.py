@@ -6,7 +6,9 @@ costs page faults and zeroing by the operating system, which on the CPU was
 measured at about a quarter of a Shaw forward at L = 1024 (benchmarks/).
 A ``Workspace`` hands out views of a few flat buffers instead, one per slot,
 grown to the largest tile; a slot is overwritten by the next tile, so only
-values that die within a tile may live there.
+values that die within a tile may live there: else the tiles and sdpa
+kernels that use it would no longer compute the same function as the
+others (KERN-1).
 """
 
 from __future__ import annotations

@@ -44,6 +44,11 @@ def attention(
 ):
     """Multi-head attention (spec/attention.md) over tensors; autograd through everything.
 
+    Checks the arguments (INPUT-1), zeroes the key and value rows of dead keys
+    before the projections (MASK-7), projects and splits the heads (PROJ-1,
+    HEAD-1, HEAD-3, HEAD-4), hands the per-head core to one kernel (KERN-1),
+    merges the heads and projects the output (HEAD-2, OUT-1).
+
     Args:
       spec: the layer's ``AttentionSpec``.
       params: canonical tensors, ``spec.param_shapes()`` (wk (D, Hkv * d), wv (D, Hkv * dv),

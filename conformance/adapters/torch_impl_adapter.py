@@ -41,13 +41,18 @@ class TorchImplAdapter(_torch.TorchAdapter):
             t.get("value"),
             **kw,
             return_weights=need_weights,
-            implementation=self.kernel(device),
+            implementation=self.kernel_for(device, inputs),
         )
         return t, result
 
     def kernel(self, device):
         """The ``implementation`` argument of this adapter's calls on ``device``."""
         return self.implementation
+
+    def kernel_for(self, device, inputs: dict):
+        """The ``implementation`` argument of one call with these (NumPy) inputs: ``kernel(device)`` unless an
+        adapter sizes its kernel to the call."""
+        return self.kernel(device)
 
     def forward(self, spec, params, inputs, *, device, need_weights):
         import torch
@@ -80,6 +85,50 @@ class TorchTilesAdapter(TorchImplAdapter):
     name = "torch:tiles"
     description = "torch_impl with implementation='tiles': cache-sized tiles, skew and banded Shaw sums"
     implementation = "tiles"
+
+
+class TorchSmallTilesAdapter(TorchTilesAdapter):
+    """The tiles kernel cut into a few tiles per call, whatever its size (the mutation campaign's torch:tiles).
+
+    With its default knobs the tiles kernel puts each (batch, head) pair of
+    up to 1 Mi logits in one tile, so the catalog's cases (a few queries and
+    keys) never reach a second tile. This adapter sizes the knobs to each
+    call, ``Tiles(elements=2 * T * Lk, query_rows=T, min_rows=2)`` with
+    ``T = max(2, ceil(Lq / 3))`` (``kernel_for``):
+
+    - a call with short tiles (a causal prefix or a window's right bound,
+      CAUSAL-1, WINDOW-1; a key or value term at default positions) gets
+      query tiles of T rows and two (batch, head) pairs: both heads of one
+      batch element when H = 2, two batch elements when H = 1, two heads of
+      one batch element when H > 2 (HEAD-3: a group of heads kept whole or
+      split evenly); a causal tile reads the keys up to its last query only;
+    - any other call gets tiles of 2T rows and one (batch, head) pair each
+      (2T < Lq from Lq = 5 on), the last tile of a pair partial;
+    - a call of one or two queries (decoding) gets tiles of several pairs.
+
+    So every case crosses tile boundaries, at every size: the long cases
+    (L = 512 .. 640) get three or four query tiles, not hundreds. Not a
+    built-in adapter: ``python -m conformance run --adapter
+    conformance.adapters.torch_impl_adapter:TorchSmallTilesAdapter`` certifies it.
+    """
+
+    name = "torch:tiles-small"
+    description = (
+        "torch_impl with implementation=Tiles(elements=2 * T * Lk, query_rows=T, min_rows=2), T = max(2, "
+        "ceil(Lq / 3)): the tiles kernel cut into a few tiles per call"
+    )
+    #: query tiles per (batch, head) pair (about), and (batch, head) pairs per short tile
+    QUERY_TILES = 3
+    PAIRS = 2
+    MIN_ROWS = 2
+
+    def kernel_for(self, device, inputs: dict):
+        from torch_impl.kernels import Tiles
+
+        Lq = inputs["query"].shape[1]
+        Lk = inputs.get("key", inputs["query"]).shape[1]
+        rows = max(self.MIN_ROWS, -(-Lq // self.QUERY_TILES))
+        return Tiles(elements=self.PAIRS * rows * Lk, query_rows=rows, min_rows=self.MIN_ROWS)
 
 
 #: What F.scaled_dot_product_attention cannot be asked for: no relative terms, no

@@ -113,7 +113,8 @@ def scheme_reversed_bias(spec: AttentionSpec, params: dict, call, stat, workspac
 
 def by_distance(values, Lq: int, Lk: int):
     """(..., Lq + Lk - 1) values of the distances -(Lq - 1) .. Lk - 1 -> (..., Lq, Lk), entry [i, j] the
-    value of distance j - i (POS-3): one strided copy instead of a term computed per pair.
+    value of distance j - i (POS-3): one strided copy instead of a term computed per pair. The eager kernel
+    lays out a scheme's bias of the distance alone (REL-3 (3): ALiBi, T5) through it.
 
     ``unfold`` gives [t, j] = values[t + j], the distance t + j - (Lq - 1); row t is query Lq - 1 - t, hence
     the flip (sdpa hands SDPA the unflipped view and reverses the queries instead). Autograd sums every

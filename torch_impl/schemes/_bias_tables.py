@@ -44,7 +44,8 @@ def pair_positions(q_pos: torch.Tensor, k_pos: torch.Tensor, b, i, j) -> tuple:
 
 
 def distances(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-    """POS-2: delta[b, i, j] = k_pos[b, j] - q_pos[b, i]: (1|B, Lq), (1|B, Lk) -> (1|B, Lq, Lk) int64."""
+    """POS-2: delta[b, i, j] = k_pos[b, j] - q_pos[b, i]: (1|B, Lq), (1|B, Lk) -> (1|B, Lq, Lk) int64, the
+    distance that ALiBi's bias (ALIBI-1) and T5's buckets (T5-1) read in a tile."""
     return k_pos.unsqueeze(1) - q_pos.unsqueeze(2)
 
 

@@ -74,7 +74,9 @@ class Rotation(torch.autograd.Function):
 
 
 def turn(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int, layout: str) -> torch.Tensor:
-    """The arithmetic of ``rotate``, written into one new (B, H, L, d) tensor of x's dtype (no autograd).
+    """The arithmetic of ``rotate``, written into one new (B, H, L, d) tensor of x's dtype (no autograd): the
+    pairs of ROPE-3 turned as ROPE-5 says, channels r .. d - 1 copied (ROPE-2); ``Rotation``'s backward
+    (GRAD-1) is this arithmetic too, with the angles negated.
 
     Per pair (a, b) of the rotated channels: first = a cos - b sin, second = a
     sin + b cos, each a multiply into the output and one fused multiply-add:

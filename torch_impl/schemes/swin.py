@@ -28,8 +28,8 @@ from ._bias_tables import call_positions, pair_positions, table_bias, tile_posit
 
 
 def coordinates(scheme, positions: torch.Tensor) -> tuple:
-    """POS-5: (row, column) of window tokens at ``positions`` by floor division, int64 of their shape
-    (prefix tokens get numbers too; ``pair_rows`` replaces their rows)."""
+    """POS-5, SWIN-2: (row, column) of window tokens at ``positions`` by floor division, (p - P) // Ww and
+    (p - P) % Ww, int64 of their shape (prefix tokens get numbers too; ``pair_rows`` replaces their rows)."""
     p = positions - scheme.prefix_tokens
     Ww = scheme.window[1]
     return torch.div(p, Ww, rounding_mode="floor"), torch.remainder(p, Ww)  # remainder: the sign of Ww
