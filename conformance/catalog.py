@@ -1731,6 +1731,9 @@ def _kernel_cases() -> list[Case]:
             CROSS,
         )
     )
+    # SHAW-5 with max_distance 0 and a tile of one query: the band between the two clipped regions is empty
+    # (rows + 2k - 2 < 0 columns), every key reads the table's one row, and its gradient is a cancelling sum
+    add(Case("shaw/k0/cross/lq1", REL + SHAW + ("SHAW-5",), replace(S2, relative=Shaw(0)), Dims(2, 1, 5)))
     # ROPE-7: an attention factor multiplies cos and sin
     add(
         Case(

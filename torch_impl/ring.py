@@ -199,18 +199,20 @@ class _Ring(torch.autograd.Function):
         for step in range(n):
             bk, bv, bpos, bidx = block
             with torch.enable_grad():
-                wrt = [t.detach().requires_grad_(t.is_floating_point()) for t in (*leaves, bk, bv)]
+                # PREC-4: each block's partial gradients in the stat dtype (the leaves are exact upcasts), summed
+                # over the blocks there and rounded to a 16-bit input's dtype once, at the end
+                wrt = [t.detach().to(stat).requires_grad_() for t in (*leaves, bk, bv)]
                 qd, *rest = wrt
                 tabs_d = dict(zip(names, rest[: len(names)]))
                 pairs_d = {**fixed["pairs"], **({"bias": rest[len(names)]} if ctx.has_bias else {})}
                 loss = _block_loss(spec, tabs_d, pairs_d, qd, fixed["q_pos"], wrt[-2], wrt[-1], bpos, bidx[0], m,
-                                   l_sum, d_o, r)  # fmt: skip
+                                   l_sum, d_o, r, q.dtype)  # fmt: skip
                 grads = torch.autograd.grad(loss, wrt, allow_unused=True)
             for a, g in zip(acc, grads[:-2]):
                 if g is not None:
-                    a += g.to(stat)
-            dk = dk + (0 if grads[-2] is None else grads[-2].to(stat))
-            dv = dv + (0 if grads[-1] is None else grads[-1].to(stat))
+                    a += g
+            dk = dk + (0 if grads[-2] is None else grads[-2])
+            dv = dv + (0 if grads[-1] is None else grads[-1])
             # the block and its gradients to the next rank; the last pass brings the gradients home
             block_and_grads = _shift([bk, bv, bpos, bidx, dk, dv] if step < n - 1 else [dk, dv], group, +1)
             if step < n - 1:
@@ -308,10 +310,20 @@ def _row_sums(spec, params, pairs, q, q_pos, k, v, k_pos, k_index, m, l_sum, d_o
     return (w * g).sum(-1)
 
 
-def _block_loss(spec, params, pairs, q, q_pos, k, v, k_pos, k_index, m, l_sum, d_o, r):
+def _block_loss(spec, params, pairs, q, q_pos, k, v, k_pos, k_index, m, l_sum, d_o, r, dtype):
     """BLOCK-6 for one block: ``<d_o, sum_j w'_ij (v_j + a_ij)> - sum_j w_ij r_i`` with w the block's final
-    weights (from the rows' final m and l, held constant); its gradient at the logits is w (dL/dw - r)."""
+    weights (from the rows' final m and l, held constant); its gradient at the logits is w (dL/dw - r).
+
+    q, k, v and the tables are the stat dtype's upcasts of inputs in ``dtype``. For a 16-bit ``dtype`` the logits'
+    values are the forward's (its products in ``dtype``, so that w is the forward's m and l exactly), and their
+    gradients are those of the same logits computed in the stat dtype (PREC-4: no partial gradient of a block is
+    rounded to 16 bits before the blocks are summed)."""
     z, counted, call = _block_logits(spec, params, pairs, q, q_pos, k, k_pos, k_index)
+    if dtype != q.dtype:
+        with torch.no_grad():
+            low = {n: t.to(dtype) for n, t in params.items()}
+            z_low, _, _ = _block_logits(spec, low, pairs, q.to(dtype), q_pos, k.to(dtype), k_pos, k_index)
+        z = torch.where(torch.isfinite(z_low), z_low + (z - z.detach()), z_low)
     shift = torch.where(torch.isfinite(m), m, 0.0)
     w = _exp(z, counted, shift) / torch.where(l_sum > 0, l_sum, 1.0)[..., None]
     return (d_o * _block_values(spec, params, call, counted, v, w)).sum() - (w * r[..., None]).sum()
