@@ -144,9 +144,12 @@ def run(
     ``jobs > 1`` runs the plan in that many processes, one (adapter, dtype)
     at a time each; ``names`` are the load names of ``plan.adapters`` (what
     ``load_adapter`` takes), which the worker processes rebuild them from.
+    With ``names``, an adapter with ``own_process`` runs each of its (dtype)
+    shares in a fresh process, whatever ``jobs`` is.
     The results are the same, in the same order, as with one process.
     """
-    if jobs > 1 and names is not None and all(c.id in BY_ID for c in plan.cases):
+    isolated = any(getattr(a, "own_process", False) for a in plan.adapters)
+    if (jobs > 1 or isolated) and names is not None and all(c.id in BY_ID for c in plan.cases):
         results = _run_parallel(plan, names, directory, progress, jobs)
         apply_deviations(results, load_deviations() if deviations is None else deviations)
         return results
@@ -278,9 +281,11 @@ def _threads_per_worker(threads: int) -> None:
 def _run_parallel(plan: Plan, names: list, directory: pathlib.Path, progress, jobs: int) -> list:
     """The cells of the plan over ``jobs`` processes; the results in matrix order."""
     import concurrent.futures
+    import contextlib
     import multiprocessing
     import os
     import queue as queue_module
+    import sys
 
     from .adapters import _jax
 
@@ -291,6 +296,7 @@ def _run_parallel(plan: Plan, names: list, directory: pathlib.Path, progress, jo
     os.environ.setdefault(_jax.CACHE_ENV, _jax._compilation_cache())  # one XLA cache for every worker
     dtypes = plan.dtypes or sorted({d for c in plan.cases for d in c.dtypes}, key=DTYPE_ORDER.index)
     units = [(group, dtype) for group in _units(plan, names) for dtype in dtypes]
+    own = {u for u in units if any(getattr(plan.adapters[i], "own_process", False) for i in u[0])}
     context = multiprocessing.get_context("spawn")  # JAX and PyTorch hold threads: no fork
     manager = context.Manager() if progress else None
     q = manager.Queue() if manager else None
@@ -298,16 +304,32 @@ def _run_parallel(plan: Plan, names: list, directory: pathlib.Path, progress, jo
     out: dict = {}
     try:
         threads = max(1, (os.cpu_count() or 1) // jobs)
-        with concurrent.futures.ProcessPoolExecutor(
-            jobs, mp_context=context, initializer=_threads_per_worker, initargs=(threads,)
-        ) as pool:
-            futures = {
-                pool.submit(_run_unit, tuple(names[i] for i in group), ids, dtype, plan.devices, str(directory), q): (
-                    group,
-                    dtype,
+        fresh = {"max_tasks_per_child": 1} if sys.version_info >= (3, 11) else {}  # 3.10: one unit each anyway
+        with contextlib.ExitStack() as stack:
+            pool = stack.enter_context(
+                concurrent.futures.ProcessPoolExecutor(
+                    jobs, mp_context=context, initializer=_threads_per_worker, initargs=(threads,)
                 )
-                for group, dtype in units
-            }
+            )
+            # the own_process units one after another, each in a process of its own, beside the pool
+            alone = stack.enter_context(
+                concurrent.futures.ProcessPoolExecutor(
+                    1, mp_context=context, initializer=_threads_per_worker, initargs=(threads,), **fresh
+                )
+            ) if own and fresh else None  # fmt: skip
+
+            def submit(unit):
+                group, dtype = unit
+                executor = pool if unit not in own else alone or stack.enter_context(
+                    concurrent.futures.ProcessPoolExecutor(
+                        1, mp_context=context, initializer=_threads_per_worker, initargs=(threads,)
+                    )
+                )  # fmt: skip
+                return executor.submit(
+                    _run_unit, tuple(names[i] for i in group), ids, dtype, plan.devices, str(directory), q
+                )
+
+            futures = {submit(unit): unit for unit in units}
             pending = set(futures)
             while pending:
                 done, pending = concurrent.futures.wait(pending, timeout=0.2)

@@ -1,6 +1,7 @@
 """The harness itself: coverage, stored data integrity, mutants, deviations, CLI."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -347,6 +348,39 @@ def test_parallel_run_gives_the_serial_results_in_the_same_order():
     key = lambda r: (r.adapter, r.case, r.dtype, r.check, r.status, r.margin)  # noqa: E731
     assert [key(r) for r in parallel] == [key(r) for r in serial]
     assert any(r.failed for r in serial) and any(r.status == "pass" for r in serial)
+
+
+class PidAdapter(NumpyRefAdapter):
+    """The reference, recording the process that ran it; ``own_process`` like torch:triton."""
+
+    name = "numpy-own-process"
+    own_process = True
+
+    def environment(self):
+        return {"pid": os.getpid()}
+
+
+class PidSharedAdapter(NumpyRefAdapter):
+    name = "numpy-pool"
+
+    def environment(self):
+        return {"pid": os.getpid()}
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_an_own_process_adapter_runs_each_dtype_in_a_fresh_process(jobs):
+    """An adapter with ``own_process`` never shares a worker with another adapter or another of its own shares
+    (Triton's interpreter fails in a process where FlexAttention imported Triton for compiling)."""
+    cases = [c for c in catalog.CASES if c.id == "vanilla/cross/lq5-lk7"]
+    names = [f"{__name__}:PidSharedAdapter", f"{__name__}:PidAdapter"]
+    adapters = [load_adapter(n) for n in names]
+    plan = runner.Plan(adapters, cases=cases, dtypes=["float64", "float32"])
+    results = runner.run(plan, deviations=[], jobs=jobs, names=names)
+    assert results and all(r.status == "pass" for r in results if r.check != "*")
+    pids = {(r.adapter, r.dtype): r.environment["pid"] for r in results}
+    own = {pids["numpy-own-process", d] for d in ("float64", "float32")}
+    pool = {pids["numpy-pool", d] for d in ("float64", "float32")}
+    assert len(own) == 2 and not own & pool and os.getpid() not in own | pool
 
 
 class ForwardOnlyRecorder(NumpyRefAdapter):

@@ -220,3 +220,30 @@ def test_the_program_compiles_for_cuda_and_its_shared_memory_fits(arch, dtype, b
     for name, result in results.items():
         assert result["cubin"] > 0, name
         assert 0 < result["shared"] <= SHARED_MEMORY_LIMIT[arch], (name, result)
+
+
+IMPORTED_FOR_COMPILING = """
+import torch, triton  # what torch.compile and FlexAttention do: Triton imported without its interpreter
+import torch_impl
+from spec import AttentionSpec
+spec = AttentionSpec(num_heads=2, head_dim=2)
+params = {n: torch.ones(s, dtype=torch.float32) for n, s in spec.param_shapes().items()}
+try:
+    torch_impl.attention(spec, params, torch.ones(1, 3, spec.model_dim), implementation="triton")
+except RuntimeError as e:
+    print(e)
+"""
+
+
+@pytest.mark.skipif(not interpreting(), reason="a CUDA device: Triton compiles there, its interpreter is not used")
+def test_triton_imported_without_the_interpreter_is_a_clear_error():
+    """On a CPU, a Triton imported before TRITON_INTERPRET=1 (by torch.compile, FlexAttention) cannot interpret the
+    kernel: the call says so, where Triton's interpreter would fail inside the program."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", IMPORTED_FOR_COMPILING], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Triton was imported in this process before TRITON_INTERPRET=1 was set" in done.stdout, done.stdout

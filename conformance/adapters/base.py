@@ -186,6 +186,11 @@ class Adapter(abc.ABC):
     #                                            for (the twins' and decoding calls): an adapter that
     #                                            compiles forward and gradients as one program per call
     #                                            compiles the forward alone here
+    #   own_process = True                       a class attribute: a parallel run (``--jobs``, which
+    #                                            rebuilds adapters by name) runs each of this adapter's
+    #                                            (dtype) shares in a fresh process of its own, never in a
+    #                                            worker another adapter used (``torch:triton``: Triton's
+    #                                            interpreter needs a process that imported Triton with it)
     #   runs_as(spec, inputs) -> str | None      the name of another adapter, one of its
     #                                            ``shares_programs_with``, whose cell for this call runs the
     #                                            very same code (one kernel, one compiled program): a run

@@ -221,6 +221,9 @@ class TorchTritonAdapter(TorchImplAdapter):
         "Huang's key and value terms, RoPE, ALiBi, T5 and Swin; Triton's interpreter on the CPU, compiled on CUDA"
     )
     implementation = "triton"
+    #: on a CPU, Triton must be imported with its interpreter on: torch.compile and FlexAttention (torch:flex,
+    #: torch:sdpa's peers) import it for compiling in any worker they ran in
+    own_process = True
 
     def unavailable(self):
         from torch_impl.kernels.fused import triton_unavailable

@@ -261,10 +261,21 @@ def scheme_bias(spec, params: dict, call, first: torch.Tensor, stat) -> _SchemeB
 def _programs():
     """Triton and its three programs, decorated once per process; through the interpreter when no CUDA device is
     present."""
+    imported = "triton" in sys.modules
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
     import triton
+    import triton.language as tl
 
+    if imported and interpreting() and not type(tl.standard.cdiv).__name__.startswith("Interpreted"):
+        # Triton decorates its own library (tl.sum, tl.max, ...) when it is imported: imported before
+        # TRITON_INTERPRET=1 (torch.compile and FlexAttention import it), those stay compiled functions, and the
+        # interpreter fails inside the kernel with "Cannot call @triton.jit'd outside of the scope of a kernel"
+        raise RuntimeError(
+            "the triton kernel: Triton was imported in this process before TRITON_INTERPRET=1 was set (torch.compile "
+            "and FlexAttention import it), so its interpreter cannot run here; expected TRITON_INTERPRET=1 before the "
+            "first import of triton (or a fresh process), got a Triton imported for compiling"
+        )
     from . import _fused_program as f
 
     return triton, triton.jit(f.forward), triton.jit(f.backward_dq), triton.jit(f.backward_dkdv)
