@@ -233,6 +233,7 @@ def cli(*args):
             "conformance: --dtype float8: expected one of float64, float32, bfloat16, float16",
         ),
         (["run", "--device", "tpu"], "conformance: --device tpu: expected one of cpu, cuda, gpu"),
+        (["run", "--headroom", "1.5"], "conformance: --headroom 1.5: expected a margin in (0, 1]"),
         (["run", "--case", "no/such/case"], "conformance: --case no/such/case: matches no case"),
         (
             ["run", "--report", "/proc/attnspec-report"],
@@ -245,6 +246,19 @@ def test_cli_usage_errors_are_one_line(args, message):
     assert out.returncode == 2
     assert out.stderr.strip().startswith(message), out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+
+
+def test_cli_run_headroom_fails_a_pass_past_the_battery_margin():
+    """--headroom M (PREC-6's battery): every passing float64 check at margin <= M, or the run fails and names each
+    check past it. numpy:blockwise sums the keys in three blocks: its margins are small but not zero."""
+    args = ("run", "--adapter", "numpy:blockwise", "--case", "vanilla/cross/lq5-lk7", "--no-progress")
+    ok = cli(*args, "--headroom", "0.5")
+    assert ok.returncode == 0 and "headroom (PREC-6): 12 of 12 float64 checks at margin <= 0.5" in ok.stdout, ok.stdout
+    tight = cli(*args, "--headroom", "1e-9")
+    assert tight.returncode == 1, tight.stdout
+    lines = [line for line in tight.stdout.splitlines() if line.startswith("HEADROOM numpy:blockwise cpu float64")]
+    assert lines and all(line.endswith("> 1e-09") for line in lines)
+    assert "0 failed" in tight.stdout
 
 
 def test_cli_run_writes_reports(tmp_path):
