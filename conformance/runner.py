@@ -311,10 +311,12 @@ def _run_parallel(plan: Plan, names: list, directory: pathlib.Path, progress, jo
                     jobs, mp_context=context, initializer=_threads_per_worker, initargs=(threads,)
                 )
             )
-            # the own_process units one after another, each in a process of its own, beside the pool
+            # the own_process units each in a process of its own: one at a time beside the pool's work, ``jobs``
+            # at a time when they are all there is
             alone = stack.enter_context(
                 concurrent.futures.ProcessPoolExecutor(
-                    1, mp_context=context, initializer=_threads_per_worker, initargs=(threads,), **fresh
+                    jobs if len(own) == len(units) else 1, mp_context=context, initializer=_threads_per_worker,
+                    initargs=(threads,), **fresh,
                 )
             ) if own and fresh else None  # fmt: skip
 
