@@ -104,13 +104,26 @@ def test_the_kernel_refuses_what_it_cannot_compute(spec, kw, message):
         )
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("block_q", 24, "Pallas.block_q: expected a power of two >= 16, got 24"),
-    ("block_k", 8, "Pallas.block_k: expected a power of two >= 16, got 8"),
+@pytest.mark.parametrize("field,value,interpret,message", [
+    ("block_q", 24, None, "Pallas.block_q: expected a power of two >= 16, got 24"),
+    ("block_k", 8, None, "Pallas.block_k: expected a power of two >= 16, got 8"),
+    ("block_k", 8, False, "Pallas.block_k: expected a power of two >= 16, got 8"),
+    ("block_q", 3, True, "Pallas.block_q: expected a power of two, got 3"),
+    ("block_k", 0, True, "Pallas.block_k: expected a power of two, got 0"),
 ])  # fmt: skip
-def test_the_block_sizes_are_checked(field, value, message):
+def test_the_block_sizes_are_checked(field, value, interpret, message):
+    """Triton's dot takes blocks of 16 or more; the interpreter (interpret=True) any power of two."""
     with pytest.raises(ValueError, match=re.escape(message)):
-        Pallas(**{field: value})
+        Pallas(**{field: value}, interpret=interpret)
+
+
+def test_interpreted_blocks_below_16_compute_the_same():
+    """Blocks of 2 queries and 4 keys (interpret=True): many programs per (batch, head), each walking many key
+    blocks with the online softmax and stopping at its diagonal block, give the 16 x 16 blocks' output."""
+    assert Pallas(block_q=1, block_k=2, interpret=True).block_q == 1
+    small, want = _run("shaw-keys-only-causal-long", np.float64, Pallas(block_q=2, block_k=4, interpret=True))
+    big, _ = _run("shaw-keys-only-causal-long", np.float64)
+    np.testing.assert_allclose(np.asarray(small), np.asarray(big), rtol=0, atol=1e-13 * np.abs(want).max())
 
 
 def test_the_program_lowers_to_triton_for_cuda():

@@ -51,8 +51,9 @@ class Pallas(Kernel):
     """The fused Pallas kernel (KERN-1).
 
     Fields:
-      block_q: queries per program (a power of two >= 16).
-      block_k: keys per step of its loop (a power of two >= 16).
+      block_q: queries per program (a power of two >= 16, the smallest block Triton's dot takes; with
+        ``interpret=True`` any power of two: the interpreter has no such floor).
+      block_k: keys per step of its loop (likewise).
       interpret: run the program in Pallas's interpret mode; None: where the default backend is the CPU.
     """
 
@@ -62,12 +63,14 @@ class Pallas(Kernel):
     interpret: Optional[bool] = None
 
     def __post_init__(self):
-        for field in ("block_q", "block_k"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 16 or value & (value - 1):
-                raise ValueError(f"Pallas.{field}: expected a power of two >= 16, got {value!r}")
         if self.interpret is not None and not isinstance(self.interpret, bool):
             raise TypeError(f"Pallas.interpret: expected None or a bool, got {self.interpret!r}")
+        least = 1 if self.interpret is True else 16
+        for field in ("block_q", "block_k"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least or value & (value - 1):
+                floor = "" if least == 1 else f" >= {least}"
+                raise ValueError(f"Pallas.{field}: expected a power of two{floor}, got {value!r}")
 
     def unsupported(self, spec: AttentionSpec, call: Call) -> Optional[str]:
         scheme = spec.relative
