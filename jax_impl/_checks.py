@@ -1,4 +1,4 @@
-"""Argument checks at trace time, worded by ``spec.validation`` (shapes and dtypes only)."""
+"""Argument checks at trace time (INPUT-1), worded by ``spec.validation`` (shapes and dtypes only)."""
 
 from __future__ import annotations
 

@@ -22,7 +22,11 @@ from ._bias_tables import table_bias
 
 
 def rows(scheme, q_positions, k_positions):
-    """SWIN-3, SWIN-4: the table row of every pair, (1|B, Lq, Lk) from positions (1|B, Lq), (1|B, Lk)."""
+    """SWIN-3, SWIN-4: the table row of every pair, (1|B, Lq, Lk) from positions (1|B, Lq), (1|B, Lk).
+
+    The rows route the table's gradient too (GRAD-1): a row past the table's end is read as its last row by
+    JAX's gather (the forward is unchanged where that is the right row) but drops its pairs' gradient.
+    """
     (Wh, Ww), P = scheme.window, scheme.prefix_tokens
     wide = jnp.promote_types(q_positions.dtype, jnp.int32)  # room for the rows: 8-bit positions would wrap
     q_positions, k_positions = q_positions.astype(wide), k_positions.astype(wide)
