@@ -349,6 +349,19 @@ TORCH_DIALECT = Dialect(
     perm_methods=frozenset({"permute"}),
     keepdims="keepdim",
 )
+#: jax.numpy follows NumPy's names (axis=, keepdims=, transpose as a permutation); lax adds stop_gradient.
+JAX_DIALECT = Dialect(
+    modules=frozenset({"jnp", "jax.numpy", "lax", "jax.lax"}),
+    swaps={**NP_SWAPS, "zeros_like": "ones_like", "ones_like": "zeros_like"},
+    method_swaps=METHOD_SWAPS,
+    unwrap=frozenset({"abs", "asarray", "array", "stop_gradient"}),
+    method_unwrap=frozenset(),
+    axis_keywords=AXIS_KEYWORDS,
+    orderless_axis_keywords=ORDERLESS_AXIS_KEYWORDS,
+    axis_methods=AXIS_METHODS,
+    perm_methods=frozenset({"transpose"}),
+    keepdims="keepdims",
+)
 
 
 @dataclass(frozen=True)
@@ -376,11 +389,15 @@ class Package:
     #: modules the parent imports before it forks (imports only: no operation runs in the parent, since a
     #: thread pool started there would not survive the fork); each child then skips their import
     preload: tuple = ()
+    #: runs once in the parent after the preloads, before the first fork: the environment the children share, and
+    #: a check that the preloads started nothing that a fork would break
+    before_fork: Optional[Callable[[], None]] = None
     child_setup: Optional[Callable[[], None]] = None  # runs first in each child (thread counts)
     #: a mutant runs only the (case, adapter) cells whose unmutated run executed one of its lines (False: every
     #: cell of the package, as numpy_ref's campaign always did)
     cell_reach: bool = False
     subdir: str = ""  # its equivalent.json, unreached.json and reports: campaign_data/<subdir>
+    timeout: float = DEFAULT_TIMEOUT  # seconds a mutant's child may run (--timeout overrides it)
 
     @property
     def adapters(self) -> tuple:
@@ -402,8 +419,36 @@ def _one_torch_thread() -> None:
     torch.set_num_threads(1)
 
 
+def _jax_before_fork() -> None:
+    """The jax children share one XLA compilation cache (a fresh folder of this run, removed at its exit), so a
+    program that a mutant leaves unchanged loads from it instead of compiling again; and JAX may be imported here
+    but never initialised: its backends start XLA's thread pools (and JAX's at-fork warning), which a forked child
+    would inherit without their threads."""
+    from jax._src import xla_bridge
+
+    from .adapters._jax import _compilation_cache
+
+    if xla_bridge._backends:
+        raise RuntimeError("the campaign's parent initialised a JAX backend before forking its children")
+    _compilation_cache()  # sets ATTNSPEC_JAX_CACHE_DIR, which the children inherit
+
+
+def _fast_xla_compiles() -> None:
+    """A child's XLA compiles without its fusion emitters (the older ones: about a third less compile time, 0.16 s
+    where 0.25 s for a case's program; the unmutated run passes every check so) and runs its programs on one
+    thread (two children share the two cores). Its backend starts in the child, after these flags are read.
+    (Its optimisation level stays: at 0, XLA's CPU programs give -inf and NaN gradients where a -inf bias meets
+    a causal rule, failing the unmutated run.)"""
+    flags = os.environ.get("XLA_FLAGS", "")
+    fast = "--xla_cpu_use_fusion_emitters=false --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+    os.environ["XLA_FLAGS"] = f"{flags} {fast}".strip()
+
+
 #: The tiles kernel with tiles of a few rows (conformance.adapters.torch_impl_adapter.TorchSmallTilesAdapter).
 SMALL_TILES_ADAPTER = "conformance.adapters.torch_impl_adapter:TorchSmallTilesAdapter"
+#: jax_impl's tiles kernel cut into a few query tiles per call, its pallas kernel into a few blocks per call.
+JAX_SMALL_TILES_ADAPTER = "conformance.adapters.jax_impl_adapter:JaxSmallTilesAdapter"
+JAX_SMALL_BLOCKS_ADAPTER = "conformance.adapters.jax_impl_adapter:JaxSmallBlocksPallasAdapter"
 PACKAGES: dict = {
     p.name: p
     for p in (
@@ -449,6 +494,51 @@ PACKAGES: dict = {
             child_setup=_one_torch_thread,
             cell_reach=True,
             subdir="torch_impl",
+        ),
+        Package(
+            name="jax_impl",
+            kernels=(
+                # kernels/xla.py is shared: its attend and block_logits are the body of every query tile
+                KernelScope("jax:xla", ("jax:xla",)),
+                KernelScope(
+                    "jax:tiles",
+                    (JAX_SMALL_TILES_ADAPTER,),
+                    ("kernels/tiles.py",),
+                    note="through jax:tiles-small (JaxSmallTilesAdapter), the tiles kernel with query_rows sized to "
+                    "cut each plain causal call of four queries or more into a few query tiles (its one-tile path "
+                    "is every other call's, so the default knob, which cuts only the long cases, adds no path)",
+                ),
+                KernelScope(
+                    "jax:pallas",
+                    (JAX_SMALL_BLOCKS_ADAPTER, "jax:pallas"),
+                    ("kernels/pallas.py",),
+                    note="in interpret mode through jax:pallas-small (JaxSmallBlocksPallasAdapter), the pallas kernel "
+                    "with blocks sized to cut each call into a few blocks of queries and of keys, and through "
+                    "jax:pallas, its default blocks of 16",
+                ),
+            ),
+            # the kernels the three adapters run and what they share; not the Flax NNX module and interop (the
+            # module only round-trips its parameters in the conformance cells; tests/test_jax_impl.py and the
+            # flax adapters check both) nor the ring (its adapter jax:ring shards over host devices)
+            included=(
+                "_checks.py",
+                "functional.py",
+                "heads.py",
+                "masking.py",
+                "kernels/*.py",
+                "schemes/*.py",
+            ),
+            dialect=JAX_DIALECT,
+            id_prefix="jax_impl/",
+            # imported, never initialised (_jax_before_fork checks): 3 s of imports that each child would pay again
+            preload=("jax", "jax.numpy", "jax.experimental.pallas", "flax.nnx"),
+            before_fork=_jax_before_fork,
+            child_setup=_fast_xla_compiles,
+            cell_reach=True,
+            subdir="jax_impl",
+            # a mutant that survives runs every cell that evaluated it, each tracing and compiling its programs
+            # again (0.2 to 1 s; a class default of a kernel knob: every cell)
+            timeout=900.0,
         ),
     )
 }
@@ -536,14 +626,20 @@ def _number(value) -> ast.expr:
     return ast.UnaryOp(ast.USub(), ast.Constant(-value)) if value < 0 else ast.Constant(value)
 
 
+def _dotted(node) -> Optional[str]:
+    """``np`` for a name, ``jax.numpy`` for an attribute of names; None for anything else."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        head = _dotted(node.value)
+        return None if head is None else f"{head}.{node.attr}"
+    return None
+
+
 def _is_np(func, names, modules=NUMPY_DIALECT.modules) -> bool:
-    """``func`` is ``np.<name>`` (or ``torch.<name>``, ``modules`` naming the module) for a name of ``names``."""
-    return (
-        isinstance(func, ast.Attribute)
-        and isinstance(func.value, ast.Name)
-        and func.value.id in modules
-        and func.attr in names
-    )
+    """``func`` is ``np.<name>`` (or ``torch.<name>``, ``jax.numpy.<name>``: ``modules`` naming the module, dotted
+    or not) for a name of ``names``."""
+    return isinstance(func, ast.Attribute) and func.attr in names and _dotted(func.value) in modules
 
 
 def _call_name(call: ast.Call) -> str:
@@ -1185,6 +1281,18 @@ class _Tracer:
             self.cache[filename] = self.files.get(os.path.realpath(filename))
         return self.cache[filename]
 
+    def function(self):
+        """The global trace function: ``self``, with the test for a file out of scope inlined (it runs at every call
+        of every frame, JAX's tracing of a program included)."""
+        get, unseen, traced = self.cache.get, object(), self.__call__
+
+        def global_trace(frame, event, arg):
+            if get(frame.f_code.co_filename, unseen) is None:
+                return None
+            return traced(frame, event, arg)
+
+        return global_trace
+
     def __call__(self, frame, event, arg):
         rel = self.rel(frame.f_code.co_filename)
         if rel is None:
@@ -1245,7 +1353,7 @@ class _Child:
         tracer = None
         if trace:
             tracer = _Tracer(state.trace_files, opcodes=package.cell_reach)
-            sys.settrace(tracer)
+            sys.settrace(tracer.function())
         try:
             importlib.import_module(package.name)
             from conformance.adapters import load_adapter
@@ -1259,8 +1367,10 @@ class _Child:
         self.rules = frozenset(rules)
         if self.rules:
             cells = sorted(cells, key=lambda cell: not self.rules & set(state.cases[cell[0]].all_rules))
+        if module is not None and state.max_cells:
+            cells = cells[: state.max_cells]
         failures, checks, first, current = [], 0, None, None
-        for index, a in cells:
+        for ran, (index, a) in enumerate(cells, 1):
             case = state.cases[index]
             if index != current:
                 self.write({"case": index})
@@ -1270,12 +1380,12 @@ class _Child:
             killed = self.run_case(adapters[a], index, case, stop_early, failures)
             checks += self.checks
             if killed is not None and (killed["by_rule"] or not self.rules):
-                return {"killed": killed}
+                return {"killed": killed, "ran": ran}
             first = first or killed
         sys.settrace(None)
         if first is not None:
-            return {"killed": first}
-        out: dict = {"killed": None, "checks": checks, "failures": failures}
+            return {"killed": first, "ran": len(cells)}
+        out: dict = {"killed": None, "checks": checks, "failures": failures, "ran": len(cells)}
         if tracer is not None:
             out["lines"] = sorted(tracer.lines)
             if package.cell_reach:  # line or instruction -> the cells that ran it; -1: the import, which all need
@@ -1392,6 +1502,7 @@ class _State:
     package: str = PACKAGE
     adapters: tuple = PACKAGES[PACKAGE].adapters
     compiled: dict = field(default_factory=dict)  # module name -> (filename, code): the unmutated package
+    max_cells: Optional[int] = None  # a mutant runs at most this many of its cells, in its order (None: all)
 
 
 @dataclass
@@ -1412,6 +1523,7 @@ class _Pool:
         self.selector = selectors.DefaultSelector()
         self.running: dict = {}  # fd -> _Job
         self.seconds: dict = {}  # index -> the wall time of its child
+        self.cpu: dict = {}  # index -> the CPU time of its child (user and system)
 
     def start(self, index, module, cells, stop_early=True, trace=False, rules=()) -> None:
         read, write = os.pipe()
@@ -1457,8 +1569,9 @@ class _Pool:
         self.selector.unregister(job.fd)
         os.close(job.fd)
         del self.running[job.fd]
-        _, status = os.waitpid(job.pid, 0)
+        _, status, usage = os.wait4(job.pid, 0)
         self.seconds[job.index] = time.monotonic() - job.started
+        self.cpu[job.index] = usage.ru_utime + usage.ru_stime
         case = None if job.case is None else self.state.cases[job.case].id
         if timed_out:
             return {"timeout": {"case": case, "message": f"still running after {self.timeout:g} s (in case {case})"}}
@@ -1489,6 +1602,7 @@ class Outcome:
     message: Optional[str] = None
     adapter: Optional[str] = None  # the adapter whose check (or call) killed it
     adapters: tuple = ()  # the adapters whose unmutated cells ran its lines (a package with cell_reach)
+    cells: tuple = ()  # (cells it ran, cells whose unmutated run evaluated it) (a package with cell_reach)
 
     def record(self) -> dict:
         m = self.mutant
@@ -1510,6 +1624,8 @@ class Outcome:
             d["adapter"] = self.adapter
         if self.adapters:
             d["adapters"] = list(self.adapters)
+        if self.cells:
+            d["cells"] = list(self.cells)
         if self.argument is not None:
             d["argument"] = self.argument
         if self.message is not None:
@@ -1529,8 +1645,10 @@ class Campaign:
     package: str = PACKAGE
     kernels: list = field(default_factory=list)  # the names of the kernels run (default: every kernel)
     adapters: dict = field(default_factory=dict)  # load name -> adapter name, for the adapters run
-    #: wall seconds of the children: "baseline", and per status of the mutants that ran (not in the reports)
+    #: wall seconds of the children: "baseline", and per status of the mutants that ran; "<that> cpu": their CPU
+    #: seconds (not in the reports)
     seconds: dict = field(default_factory=dict, compare=False)
+    max_cells: Optional[int] = None  # --max-cells: a mutant ran at most this many of its cells
 
     def count(self, status: str) -> int:
         return sum(o.status == status for o in self.outcomes)
@@ -1632,6 +1750,7 @@ def run_campaign(
     progress: Optional[Callable[..., Optional[Callable[[str], None]]]] = None,
     package: str = PACKAGE,
     kernels: Optional[list] = None,
+    max_cells: Optional[int] = None,
 ) -> Campaign:
     """Generate, run and classify the mutants of one package (POSIX: each mutant runs in a forked child).
 
@@ -1639,8 +1758,10 @@ def run_campaign(
     ``cases`` a list of catalog cases (default: all), ``equivalent`` the
     mapping of equivalent.json; ``package`` a name of ``PACKAGES``,
     ``kernels`` the names of its kernels to run (default: all; the files
-    only other kernels run are then out of scope); ``progress(total, name)``
-    may return a callable that is called with each mutant id as it finishes.
+    only other kernels run are then out of scope); ``max_cells`` the most
+    cells a mutant runs, the first of its order (None: every cell that
+    evaluated it); ``progress(total, name)`` may return a callable that is
+    called with each mutant id as it finishes.
     """
     from .catalog import CASES
     from .runner import load_deviations
@@ -1652,6 +1773,8 @@ def run_campaign(
         raise _bad("--jobs", "an integer >= 1", jobs)
     if not timeout > 0:
         raise _bad("--timeout", "a positive number of seconds", timeout)
+    if max_cells is not None and (isinstance(max_cells, bool) or not isinstance(max_cells, int) or max_cells < 1):
+        raise _bad("--max-cells", "an integer >= 1", max_cells)
     if package not in PACKAGES:
         raise _bad("--package", f"one of {', '.join(PACKAGES)}", repr(package))
     p = PACKAGES[package]
@@ -1678,13 +1801,17 @@ def run_campaign(
         tensors.append(load_case(case.id, entries[-1], directory))
     deviations = [d for d in load_deviations() if d.adapter in adapter_names.values()]
     trace_files = {os.path.realpath(root / f): f for f in files}
-    state = _State(cases, entries, tensors, deviations, trace_files, p.name, adapters, _compile_package(p.name))
+    state = _State(
+        cases, entries, tensors, deviations, trace_files, p.name, adapters, _compile_package(p.name), max_cells
+    )
     for name in p.preload:  # imported once here, so that no child imports it again; nothing of it runs here
         importlib.import_module(name)
+    if p.before_fork is not None:
+        p.before_fork()
     n = len(adapters)
     gc.freeze()  # what the parent holds now: no child's garbage collection touches (and so copies) it
     try:
-        baseline, seconds = _baseline(state, n)
+        baseline, seconds = _baseline(state, n, jobs)
         if baseline is None or "lines" not in baseline or baseline.get("failures"):
             problem = (baseline or {}).get("failures") or [(baseline or {}).get("killed") or baseline]
             raise RuntimeError(f"the unmutated {p.name} does not pass the selected cases: {problem[:3]}")
@@ -1703,8 +1830,9 @@ def run_campaign(
         results, took = _run_mutants(state, runnable, cells, jobs, timeout, root, sources, step)
     finally:
         gc.unfreeze()
-    for m, allowed, result, t in zip(runnable, cells, results, took):
+    for m, allowed, result, (wall, cpu) in zip(runnable, cells, results, took):
         ran = () if allowed is None else tuple(adapter_names[adapters[a]] for a in sorted({c % n for c in allowed}))
+        counted = () if allowed is None or "ran" not in result else (result["ran"], len(allowed))
         if "build" in result:
             outcomes[m.id] = Outcome(m, "error-on-build", message=result["build"], adapters=ran)
         elif "timeout" in result:
@@ -1713,12 +1841,14 @@ def run_campaign(
             killed = dict(result["killed"])
             adapter = killed.pop("adapter", None)
             status = "killed" if killed.get("by_rule", True) else "killed-unclaimed"
-            outcomes[m.id] = Outcome(m, status, killed_by=killed, adapter=adapter, adapters=ran)
+            outcomes[m.id] = Outcome(m, status, killed_by=killed, adapter=adapter, adapters=ran, cells=counted)
         elif m.id in equivalent:
-            outcomes[m.id] = Outcome(m, "equivalent", argument=equivalent[m.id], adapters=ran)
+            outcomes[m.id] = Outcome(m, "equivalent", argument=equivalent[m.id], adapters=ran, cells=counted)
         else:
-            outcomes[m.id] = Outcome(m, "survived", adapters=ran)
-        seconds[outcomes[m.id].status] = seconds.get(outcomes[m.id].status, 0.0) + t
+            outcomes[m.id] = Outcome(m, "survived", adapters=ran, cells=counted)
+        status = outcomes[m.id].status
+        seconds[status] = seconds.get(status, 0.0) + wall
+        seconds[f"{status} cpu"] = seconds.get(f"{status} cpu", 0.0) + cpu
     ordered = [outcomes[m.id] for m in mutants]
     stale = stale_equivalent(equivalent, ordered, [p.id_prefix + f for f in chosen_files], mutant_patterns)
     return Campaign(
@@ -1733,23 +1863,57 @@ def run_campaign(
         chosen_kernels,
         adapter_names,
         seconds,
+        max_cells,
     )
 
 
-def _baseline(state: "_State", adapters: int) -> tuple:
-    """The unmutated package through every cell under the tracer, in one child: (its result, {"baseline": its
-    wall seconds})."""
-    pool = _Pool(state, 1, 600.0)
-    baseline = None
+def _baseline(state: "_State", adapters: int, jobs: int = 1) -> tuple:
+    """The unmutated package through every cell under the tracer, in ``jobs`` children that split the cases
+    between them (every adapter of a case in one child): (their results merged, {"baseline": the wall seconds
+    of the slowest}). A child's result lacking "lines" (a kill, a crash) is returned as it is."""
+    pool = _Pool(state, jobs, BASELINE_TIMEOUT)
+    outcomes: dict = {}
     try:
-        cells = [(i, a) for i in range(len(state.cases)) for a in range(adapters)]
-        pool.start(-1, None, cells, stop_early=False, trace=True)
+        for k in range(jobs):
+            cells = [(i, a) for i in range(k, len(state.cases), jobs) for a in range(adapters)]
+            if cells or k == 0:
+                pool.start(-1 - k, None, cells, stop_early=False, trace=True)
         while pool.running:
-            for _, outcome in pool.finished():
-                baseline = outcome
+            for index, outcome in pool.finished():
+                outcomes[index] = outcome
     finally:
         pool.close()
-    return baseline, {"baseline": pool.seconds.get(-1, 0.0)}
+    seconds = {"baseline": max(pool.seconds.values(), default=0.0), "baseline cpu": sum(pool.cpu.values())}
+    results = [outcomes.get(index) for index in sorted(outcomes, reverse=True)]
+    broken = next((r for r in results if r is None or "lines" not in r), None)
+    if broken is not None or not results:
+        return broken, seconds
+    return _merge_baselines(results), seconds
+
+
+#: The unmutated run's children may run long (every cell, under the tracer).
+BASELINE_TIMEOUT = 3600.0
+
+
+def _merge_baselines(results: list) -> dict:
+    """One baseline result from those of children that ran disjoint cells: checks summed, failures joined, and
+    each line's or instruction span's cells united."""
+    out: dict = {"killed": None, "checks": 0, "failures": [], "lines": set()}
+    reach: dict = {}
+    spans: dict = {}
+    for r in results:
+        out["checks"] += r["checks"]
+        out["failures"] += r["failures"]
+        out["lines"].update(tuple(x) for x in r["lines"])
+        for rel, line, numbers in r.get("reach", ()):
+            reach.setdefault((rel, line), set()).update(numbers)
+        for *span, numbers in r.get("spans", ()):
+            spans.setdefault(tuple(span), set()).update(numbers)
+    out["lines"] = sorted(out["lines"])
+    if any("reach" in r for r in results):
+        out["reach"] = [[rel, line, sorted(numbers)] for (rel, line), numbers in sorted(reach.items())]
+        out["spans"] = [[*span, sorted(numbers)] for span, numbers in sorted(spans.items())]
+    return out
 
 
 class _Reach:
@@ -1870,7 +2034,7 @@ def _instruction_spans(source: str, rel: str) -> dict:
 
 def _run_mutants(state, runnable, cells, jobs, timeout, root, sources, step) -> tuple:
     """Run every mutant; mutant i orders the cases by the kills of mutants 0 .. i - WINDOW, and runs the cells of
-    ``cells[i]`` (None: all) in that order. (results, the wall seconds of each child)"""
+    ``cells[i]`` (None: all) in that order. (results, (wall, CPU) seconds of each child)"""
     n = len(runnable)
     results: list = [None] * n
     kills = [0] * len(state.cases)
@@ -1911,7 +2075,7 @@ def _run_mutants(state, runnable, cells, jobs, timeout, root, sources, step) -> 
                     step(runnable[index].id)
     finally:
         pool.close()
-    return results, [pool.seconds.get(i, 0.0) for i in range(n)]
+    return results, [(pool.seconds.get(i, 0.0), pool.cpu.get(i, 0.0)) for i in range(n)]
 
 
 def stale_equivalent(equivalent: dict, outcomes: list, files: list, patterns: Optional[list]) -> list:
@@ -1978,6 +2142,11 @@ def _how_it_runs(c: Campaign) -> str:
         "the mutated lines (every cell for module-level code), each case in float64 (float32 where it is stored in "
         f"float32 only). {notes} A mutant is killed when a check claiming a rule its function's docstring names "
         "fails. "
+        + (
+            f"Each mutant ran at most {c.max_cells} of those cells, the first of its order (--max-cells). "
+            if c.max_cells
+            else ""
+        )
     )
 
 
@@ -2159,6 +2328,7 @@ def report_json(c: Campaign) -> dict:
             "cases": c.case_ids,
             "checks": c.checks,
             "cases_without_float64_or_float32": c.other_dtype_cases,
+            "max_cells": c.max_cells,
         },
         "mutant_patterns": c.mutant_patterns,
         "adapter": names[0] if names else "numpy",
@@ -2280,12 +2450,13 @@ def main(args, progress=None) -> int:
             targets=targets,
             mutant_patterns=patterns,
             jobs=args.jobs,
-            timeout=args.timeout,
+            timeout=p.timeout if args.timeout is None else args.timeout,
             equivalent=load_equivalent(equivalent_path),
             goldens=pathlib.Path(args.goldens),
             progress=progress,
             package=name,
             kernels=kernels,
+            max_cells=getattr(args, "max_cells", None),
         )
         elapsed = time.monotonic() - started
         failed |= _summary(c, report_dir, elapsed)
@@ -2305,8 +2476,11 @@ def _summary(c: Campaign, report_dir: pathlib.Path, elapsed: float) -> bool:
         f"{t['unreached']} unreached, {t['error-on-build']} errors on build ({elapsed:.0f} s)"
     )
     if c.seconds:
-        spent = ", ".join(f"{status} {t:.0f} s" for status, t in c.seconds.items() if status != "baseline")
-        print(f"  children's wall time: the unmutated run {c.seconds.get('baseline', 0.0):.0f} s; mutants {spent}")
+        wall = {k: t for k, t in c.seconds.items() if not k.endswith(" cpu")}
+        cpu = {k[: -len(" cpu")]: t for k, t in c.seconds.items() if k.endswith(" cpu")}
+        for what, times in (("wall", wall), ("CPU", cpu)):
+            spent = ", ".join(f"{status} {t:.0f} s" for status, t in times.items() if status != "baseline")
+            print(f"  children's {what} time: the unmutated run {times.get('baseline', 0.0):.0f} s; mutants {spent}")
     for i, why in c.stale:
         print(f"warning: stale equivalence argument {i}: {why}", file=sys.stderr)
     for o in c.unargued_survivors:

@@ -357,25 +357,29 @@ def parser() -> argparse.ArgumentParser:
     ver.add_argument("-v", "--verbose", action="store_true", help="also list the changes within the noise bounds")
     camp = sub.add_parser(
         "campaign",
-        help="mutation campaign: AST mutants of numpy_ref (or of torch_impl's kernels) against the catalog "
-        "(POSIX: forks per mutant)",
+        help="mutation campaign: AST mutants of numpy_ref (or of torch_impl's or jax_impl's kernels) against the "
+        "catalog (POSIX: forks per mutant)",
         description="AST mutants of a package run against the catalog, each in a forked child (POSIX). Default: "
         "numpy_ref through the numpy and numpy:blockwise adapters. --package torch_impl (or --kernel torch:eager, "
         "torch:tiles, torch:sdpa) mutates torch_impl's kernels and the code they share, run through those "
-        "kernels' adapters (the tiles kernel also cut into tiles of a few rows). See conformance/campaign.py.",
+        "kernels' adapters (the tiles kernel also cut into tiles of a few rows); --package jax_impl (or --kernel "
+        "jax:xla, jax:tiles, jax:pallas) jax_impl's, its tiles kernel cut into a few query tiles and its pallas "
+        "kernel into a few blocks per call. See conformance/campaign.py.",
     )
     camp.add_argument(
         "--package",
         action="append",
-        help="package to mutate: numpy_ref (the default) or torch_impl, every kernel of it (repeatable)",
+        help="package to mutate: numpy_ref (the default), torch_impl or jax_impl, every kernel of it (repeatable)",
     )
     camp.add_argument(
         "--kernel",
         action="append",
-        help="one kernel to mutate, with the shared code it runs: numpy, torch:eager, torch:tiles or torch:sdpa "
-        "(repeatable)",
+        help="one kernel to mutate, with the shared code it runs: numpy, torch:eager, torch:tiles, torch:sdpa, "
+        "jax:xla, jax:tiles or jax:pallas (repeatable)",
     )
-    camp.add_argument("--all", action="store_true", help="every package and kernel (numpy_ref, then torch_impl)")
+    camp.add_argument(
+        "--all", action="store_true", help="every package and kernel (numpy_ref, then torch_impl, then jax_impl)"
+    )
     camp.add_argument(
         "--target",
         action="append",
@@ -384,16 +388,28 @@ def parser() -> argparse.ArgumentParser:
     )
     camp.add_argument("--mutant", action="append", help="mutant id pattern (fnmatch; repeatable)")
     camp.add_argument("--jobs", type=int, default=2, help="mutants run at once (default 2)")
-    camp.add_argument("--timeout", type=float, default=30.0, help="seconds per mutant before it counts as a timeout")
+    camp.add_argument(
+        "--timeout",
+        type=float,
+        help="seconds per mutant before it counts as a timeout (default 30; jax_impl: 900, its survivors compile "
+        "every case they run)",
+    )
+    camp.add_argument(
+        "--max-cells",
+        type=int,
+        metavar="N",
+        help="run each mutant in at most N of the (case, adapter) cells that evaluated it, the first of its order "
+        "(the cases naming its rules, then those that killed the most mutants; default: all of them)",
+    )
     camp.add_argument(
         "--report-dir",
         help="folder for report.json and REPORT.md (default conformance/campaign_data; a package other than "
-        "numpy_ref writes to its subfolder, torch_impl/)",
+        "numpy_ref writes to its subfolder, torch_impl/ or jax_impl/)",
     )
     camp.add_argument(
         "--equivalent",
         help="equivalence arguments (default conformance/campaign_data/equivalent.json, "
-        "campaign_data/torch_impl/equivalent.json for torch_impl)",
+        "campaign_data/<package>/equivalent.json for torch_impl and jax_impl)",
     )
     camp.add_argument("--allow-survivors", action="store_true", help="exit 0 even when a mutant survived unargued")
     camp.add_argument("--list", action="store_true", help="list the mutants without running them")

@@ -553,20 +553,21 @@ def test_the_torch_report_has_a_row_per_kernel_and_file(torch_campaign, tmp_path
 def test_bad_packages_and_kernels_are_named(capsys):
     assert cli.main(["campaign", "--kernel", "torch:nope", "--list"]) == 2
     assert capsys.readouterr().err.strip() == (
-        "conformance: --kernel: expected one of numpy, torch:eager, torch:tiles, torch:sdpa, got 'torch:nope'"
+        "conformance: --kernel: expected one of numpy, torch:eager, torch:tiles, torch:sdpa, jax:xla, jax:tiles, "
+        "jax:pallas, got 'torch:nope'"
     )
     assert cli.main(["campaign", "--package", "jax", "--list"]) == 2
     assert capsys.readouterr().err.strip() == (
-        "conformance: --package: expected one of numpy_ref, torch_impl, got 'jax'"
+        "conformance: --package: expected one of numpy_ref, torch_impl, jax_impl, got 'jax'"
     )
     assert cli.main(["campaign", "--all", "--target", "nope.py", "--list"]) == 2
     assert capsys.readouterr().err.strip() == (
-        "conformance: --target: expected a file in the campaign's scope of numpy_ref/ or torch_impl/ or a "
-        "pattern matching one, got 'nope.py'"
+        "conformance: --target: expected a file in the campaign's scope of numpy_ref/ or torch_impl/ or "
+        "jax_impl/ or a pattern matching one, got 'nope.py'"
     )
     with pytest.raises(ValueError, match=r"^--kernel: expected a kernel of numpy_ref \(numpy\), got 'torch:sdpa'$"):
         campaign.select_kernels(["torch:sdpa"], "numpy_ref")
-    with pytest.raises(ValueError, match=r"^--package: expected one of numpy_ref, torch_impl, got 'torch'$"):
+    with pytest.raises(ValueError, match=r"^--package: expected one of numpy_ref, torch_impl, jax_impl, got 'torch'$"):
         campaign.run_campaign(package="torch")
     with pytest.raises(ValueError, match=r"^--target: expected a file of torch_impl/ in the campaign's scope "):
         campaign.select_targets(["kernels/flex.py"], campaign.scope_files(package="torch_impl"), "torch_impl")
@@ -593,3 +594,138 @@ def test_the_stored_kernel_arguments_name_generated_mutants_and_functions(torch_
     assert equivalent and set(equivalent) <= {m.id for m in torch_mutants}
     unreached = campaign.load_unreached(data / "unreached.json")
     assert unreached and set(unreached) <= {f"{m.id_file}:{m.function}" for m in torch_mutants}
+
+
+# ---------------------------------------------------------------- jax_impl's kernels
+JAX_TOY = '''\
+"""A toy jax module."""
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+
+def f(x, m):
+    y = jnp.where(m, x, jnp.zeros_like(x))
+    z = jax.numpy.max(y.astype(x.dtype), axis=-1, keepdims=True)
+    return lax.stop_gradient(jnp.swapaxes(z.transpose(0, 2, 1), 1, 2)).sum(axis=(0, 1))
+'''
+
+
+def test_jax_operators_read_jnp_and_lax_names_and_ids_name_the_package():
+    """jnp., jax.numpy. and lax. are the module names; swapaxes takes two axes, transpose a permutation (NumPy's
+    meaning), axis= a reduction's axes in any order; a cast (astype) is never dropped."""
+    got = {m.id: (m.line, m.original, m.mutated) for m in campaign.generate(JAX_TOY, "toy.py", "jax_impl")}
+    line11 = "lax.stop_gradient(jnp.swapaxes(z.transpose(0, 2, 1), 1, 2))"
+    assert got == {
+        "jax_impl/toy.py:f:where-swap:0": (
+            9, "jnp.where(m, x, jnp.zeros_like(x))", "jnp.where(m, jnp.zeros_like(x), x)"
+        ),
+        "jax_impl/toy.py:f:func-swap:0": (9, "jnp.zeros_like(x)", "jnp.ones_like(x)"),
+        "jax_impl/toy.py:f:func-swap:1": (
+            10,
+            "jax.numpy.max(y.astype(x.dtype), axis=-1, keepdims=True)",
+            "jax.numpy.min(y.astype(x.dtype), axis=-1, keepdims=True)",
+        ),
+        "jax_impl/toy.py:f:axis:0": (10, "-1", "0"),
+        "jax_impl/toy.py:f:axis:1": (10, "-1", "-2"),
+        "jax_impl/toy.py:f:keepdims:0": (10, "keepdims=True", "keepdims=False"),
+        "jax_impl/toy.py:f:func-swap:2": (11, f"{line11}.sum(axis=(0, 1))", f"{line11}.mean(axis=(0, 1))"),
+        "jax_impl/toy.py:f:call-drop:0": (11, line11, "jnp.swapaxes(z.transpose(0, 2, 1), 1, 2)"),
+        "jax_impl/toy.py:f:perm-swap:0": (11, "z.transpose(0, 2, 1)", "z.transpose(2, 0, 1)"),
+        "jax_impl/toy.py:f:perm-swap:1": (11, "z.transpose(0, 2, 1)", "z.transpose(1, 2, 0)"),
+        "jax_impl/toy.py:f:perm-swap:2": (11, "z.transpose(0, 2, 1)", "z.transpose(0, 1, 2)"),
+        "jax_impl/toy.py:f:axis:2": (11, "1", "2"),  # swapaxes' first axis
+        "jax_impl/toy.py:f:axis:3": (11, "1", "0"),
+        "jax_impl/toy.py:f:axis:4": (11, "2", "3"),  # and its second
+        "jax_impl/toy.py:f:axis:5": (11, "2", "1"),
+        "jax_impl/toy.py:f:axis:6": (11, "0", "1"),  # the reduction's axes: no perm-swap of (0, 1)
+        "jax_impl/toy.py:f:axis:7": (11, "0", "-1"),
+        "jax_impl/toy.py:f:axis:8": (11, "1", "2"),
+        "jax_impl/toy.py:f:axis:9": (11, "1", "0"),
+    }  # fmt: skip
+    # read as torch_impl's: no jnp or lax names, transpose swaps two axes, and axis= is no axis keyword (its tuple
+    # is a plain one)
+    torch_read = {(m.operator, m.original) for m in campaign.generate(JAX_TOY, "toy.py", "torch_impl")}
+    assert not {op for op, _ in torch_read} & {"where-swap", "keepdims", "call-drop"}
+    assert ("perm-swap", "(0, 1)") in torch_read and ("perm-swap", "z.transpose(0, 2, 1)") not in torch_read
+
+
+@pytest.fixture(scope="module")
+def jax_mutants():
+    return campaign.generate_files(campaign.scope_files(package="jax_impl"), package="jax_impl")
+
+
+def test_jax_kernel_mutants_are_prefixed_and_scoped(jax_mutants, torch_mutants):
+    from spec import rule_ids
+
+    files = set(campaign.scope_files(package="jax_impl"))
+    assert {"kernels/xla.py", "kernels/tiles.py", "kernels/pallas.py", "masking.py", "heads.py"} <= files
+    assert {"functional.py", "_checks.py", "schemes/huang.py", "schemes/__init__.py"} <= files
+    assert not {"module.py", "interop.py", "ring.py", "__init__.py"} & files
+    ids = [m.id for m in jax_mutants]
+    assert len(ids) == len(set(ids)) and not set(ids) & {m.id for m in torch_mutants}
+    known = set(rule_ids())
+    for m in jax_mutants:
+        assert m.id.startswith(f"jax_impl/{m.file}:{m.function}:{m.operator}:") and m.module.startswith("jax_impl")
+        assert m.rules and set(m.rules) <= known, m.id
+    # kernels/xla.py is shared (attend is the body of every query tile): jax:xla has no file of its own
+    assert campaign.kernel_files(sorted(files), "jax_impl", ["jax:xla"]) == sorted(
+        files - {"kernels/tiles.py", "kernels/pallas.py"}
+    )
+    assert campaign.kernel_files(sorted(files), "jax_impl", ["jax:tiles", "jax:pallas"]) == sorted(files)
+
+
+@pytest.mark.parametrize(
+    "argv,chosen",
+    [
+        (["--all"], {"numpy_ref": None, "torch_impl": None, "jax_impl": None}),
+        (["--package", "jax_impl"], {"jax_impl": None}),
+        (["--kernel", "jax:pallas"], {"jax_impl": ["jax:pallas"]}),
+        (["--kernel", "jax:xla", "--kernel", "torch:sdpa"], {"torch_impl": ["torch:sdpa"], "jax_impl": ["jax:xla"]}),
+        (["--package", "jax_impl", "--kernel", "jax:tiles"], {"jax_impl": None}),
+        (["--target", "jax_impl/kernels/tiles.py"], {"jax_impl": None}),
+        (["--mutant", "jax_impl/masking.py:*"], {"jax_impl": None}),
+        ([], {"numpy_ref": None}),
+    ],
+)
+def test_the_command_line_picks_jax_impl_and_its_kernels(argv, chosen):
+    args = cli.parser().parse_args(["campaign", *argv])
+    assert campaign.select_packages(args) == chosen
+
+
+def test_the_small_jax_kernels_cut_every_case_into_a_few_tiles_and_blocks():
+    """jax:tiles-small sizes query_rows to ceil(Lq / 3), at least 2: a plain causal call of Lq = 5 runs as query
+    tiles of 2, 2 and 1 rows (Tiles cuts from Lq = 2 * query_rows on), L = 640 as tiles of 214, 214 and 212;
+    jax:pallas-small takes the powers of two at most ceil(Lq / 3) and ceil(Lk / 2): Lq = 5, Lk = 7 -> blocks of
+    2 queries (three programs per (batch, head)) and 4 keys (two steps), L = 640 -> 128 x 256, one query and
+    key -> 1 x 1. Knob arithmetic only (no JAX); tests/test_jax_pallas.py runs blocks below 16."""
+    from conformance.adapters.jax_impl_adapter import JaxSmallBlocksPallasAdapter, JaxSmallTilesAdapter
+
+    assert [JaxSmallTilesAdapter.query_rows(Lq) for Lq in (1, 3, 4, 5, 6, 7, 640)] == [2, 2, 2, 2, 2, 3, 214]
+    blocks = JaxSmallBlocksPallasAdapter.blocks
+    assert [blocks(Lq, Lk) for Lq, Lk in ((5, 7), (640, 640), (1, 1), (6, 6), (37, 37))] == [
+        (2, 4),
+        (128, 256),
+        (1, 1),
+        (2, 2),
+        (8, 16),
+    ]
+
+
+def test_merged_baselines_unite_the_cells_of_each_line_and_span():
+    """Two children of the unmutated run: their checks add up, and a line or instruction span that both ran (the
+    import's, cell -1) keeps the cells of both."""
+    a = {"killed": None, "checks": 3, "failures": [], "lines": [["m.py", 1], ["m.py", 2]],
+         "reach": [["m.py", 1, [-1]], ["m.py", 2, [0]]], "spans": [["m.py", 2, 4, 2, 9, [0]]]}  # fmt: skip
+    b = {"killed": None, "checks": 4, "failures": [], "lines": [["m.py", 2], ["m.py", 5]],
+         "reach": [["m.py", 1, [-1]], ["m.py", 2, [3]], ["m.py", 5, [3]]],
+         "spans": [["m.py", 2, 4, 2, 9, [3]]]}  # fmt: skip
+    assert campaign._merge_baselines([a, b]) == {
+        "killed": None,
+        "checks": 7,
+        "failures": [],
+        "lines": [("m.py", 1), ("m.py", 2), ("m.py", 5)],
+        "reach": [["m.py", 1, [-1]], ["m.py", 2, [0, 3]], ["m.py", 5, [3]]],
+        "spans": [["m.py", 2, 4, 2, 9, [0, 3]]],
+    }

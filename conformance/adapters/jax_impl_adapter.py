@@ -201,6 +201,51 @@ class JaxTilesAdapter(JaxImplAdapter):
     implementation = "tiles"
 
 
+def _ceil_div(n: int, d: int) -> int:
+    return -(-n // d)
+
+
+class JaxSmallTilesAdapter(JaxTilesAdapter):
+    """The tiles kernel cut into a few query tiles per call, whatever its size (the mutation campaign's jax:tiles).
+
+    With its default knobs (``Tiles(query_rows=256)``) the tiles kernel cuts
+    a call into query tiles only under a plain causal rule (CAUSAL-1 alone:
+    default positions, no mask, bias or mask_fill) from Lq = 512 on, so the
+    catalog's short cases run as one tile, and a kernel that is right on its
+    first tile would pass. This adapter sizes the knob to each call,
+    ``Tiles(query_rows=T)`` with ``T = max(2, ceil(Lq / 3))`` (``kernel_name``):
+    every plain causal call of four queries or more (Lq >= 2T) is cut into two
+    to four query tiles, each reading the keys up to its last query only, the
+    last tile partial where T does not divide Lq (Lq = 5: tiles of 2, 2 and 1
+    queries); the long cases (L = 512 .. 640) get three tiles, not hundreds.
+    Other calls (and one to three queries) run as one tile, as with the
+    default knob. Not a built-in adapter: ``python -m conformance run
+    --adapter conformance.adapters.jax_impl_adapter:JaxSmallTilesAdapter``
+    certifies it.
+    """
+
+    name = "jax:tiles-small"
+    description = (
+        "jax_impl with implementation=Tiles(query_rows=T), T = max(2, ceil(Lq / 3)): the tiles kernel cut into a "
+        "few query tiles per plain causal call"
+    )
+    shares_programs_with = ()
+    #: query tiles per call (about), and the fewest rows of a tile
+    QUERY_TILES = 3
+    MIN_ROWS = 2
+
+    @classmethod
+    def query_rows(cls, Lq: int) -> int:
+        """T = max(2, ceil(Lq / 3))."""
+        return max(cls.MIN_ROWS, _ceil_div(Lq, cls.QUERY_TILES))
+
+    def kernel_name(self, spec, inputs):
+        """The kernel object of this call: ``Tiles(query_rows=T)`` (hashable, so one program per case and T)."""
+        from jax_impl.kernels import Tiles
+
+        return Tiles(query_rows=self.query_rows(inputs["query"].shape[1]))
+
+
 #: What the pallas kernel cannot be asked for (KERN-1): its program fuses Shaw's tables at default positions.
 PALLAS_MISSING = fused_missing("pallas")
 #: Why the jax:pallas cells skip their gradient checks: the kernel's custom VJP runs the tiles kernel's VJP, the
@@ -234,3 +279,49 @@ class JaxPallasAdapter(JaxImplAdapter):
     def forward(self, spec, params, inputs, *, device, need_weights):
         """The forward alone (the kernel returns no weights)."""
         return self.forward_only(spec, params, inputs, device=device)
+
+
+def _pow2_at_most(n: int) -> int:
+    """The largest power of two <= n (n >= 1)."""
+    return 1 << (max(n, 1).bit_length() - 1)
+
+
+class JaxSmallBlocksPallasAdapter(JaxPallasAdapter):
+    """The pallas kernel cut into a few blocks of queries and keys per call (the mutation campaign's jax:pallas).
+
+    With its default knobs (``Pallas(block_q=16, block_k=16)``) a catalog case
+    of up to 16 queries and keys is one program over one key block: its grid,
+    the online softmax across key blocks, the causal stop at the diagonal
+    block and the padding of a partial block are never crossed. This adapter
+    sizes the blocks to each call, in interpret mode (which takes blocks below
+    Triton's 16): ``Pallas(block_q=BQ, block_k=BK, interpret=True)`` with BQ
+    the largest power of two <= ceil(Lq / 3) and BK the largest power of two
+    <= ceil(Lk / 2) (``kernel_name``). The catalog's commonest call (Lq = 5,
+    Lk = 7) gets three programs of two queries per (batch, head), each walking
+    two blocks of four keys, the last of each partial; BQ and BK differ, as
+    the causal stop's arithmetic allows; the long cases (L = 640) get five
+    blocks of 128 queries and three of 256 keys. Not a built-in adapter:
+    ``python -m conformance run --adapter
+    conformance.adapters.jax_impl_adapter:JaxSmallBlocksPallasAdapter`` certifies it.
+    """
+
+    name = "jax:pallas-small"
+    description = (
+        "jax_impl with implementation=Pallas(block_q=BQ, block_k=BK, interpret=True), BQ <= ceil(Lq / 3) and "
+        "BK <= ceil(Lk / 2) powers of two: the pallas kernel cut into a few blocks per call"
+    )
+    #: blocks of queries and of keys per call (about)
+    QUERY_BLOCKS = 3
+    KEY_BLOCKS = 2
+
+    @classmethod
+    def blocks(cls, Lq: int, Lk: int) -> tuple:
+        """(BQ, BK): the largest powers of two at most ceil(Lq / 3) and ceil(Lk / 2)."""
+        return _pow2_at_most(_ceil_div(Lq, cls.QUERY_BLOCKS)), _pow2_at_most(_ceil_div(Lk, cls.KEY_BLOCKS))
+
+    def kernel_name(self, spec, inputs):
+        """The kernel object of this call (hashable, so one program per case and block sizes)."""
+        from jax_impl.kernels import Pallas
+
+        block_q, block_k = self.blocks(inputs["query"].shape[1], inputs.get("key", inputs["query"]).shape[1])
+        return Pallas(block_q=block_q, block_k=block_k, interpret=True)
