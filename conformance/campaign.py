@@ -439,9 +439,11 @@ def _fast_xla_compiles() -> None:
     thread (two children share the two cores). Its backend starts in the child, after these flags are read.
     (Its optimisation level stays: at 0, XLA's CPU programs give -inf and NaN gradients where a -inf bias meets
     a causal rule, failing the unmutated run.)"""
-    flags = os.environ.get("XLA_FLAGS", "")
-    fast = "--xla_cpu_use_fusion_emitters=false --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-    os.environ["XLA_FLAGS"] = f"{flags} {fast}".strip()
+    from .adapters import _jax
+
+    _jax.fast_cpu_compiles()
+    flags = os.environ["XLA_FLAGS"]
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen=false"
 
 
 #: The tiles kernel with tiles of a few rows (conformance.adapters.torch_impl_adapter.TorchSmallTilesAdapter).

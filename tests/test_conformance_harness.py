@@ -248,6 +248,37 @@ def test_cli_usage_errors_are_one_line(args, message):
     assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
 
 
+def test_the_run_asks_xla_for_fast_cpu_compiles_unless_the_flag_is_named():
+    """`conformance run` adds --xla_cpu_use_fusion_emitters=false to XLA_FLAGS before any backend starts, after the
+    flags already there; a user who names the flag (either value) keeps it."""
+    from conformance.adapters import _jax
+
+    environ = {}
+    assert _jax.fast_cpu_compiles(environ) is True
+    assert environ == {"XLA_FLAGS": "--xla_cpu_use_fusion_emitters=false"}
+    environ = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    assert _jax.fast_cpu_compiles(environ) is True
+    assert environ["XLA_FLAGS"] == "--xla_force_host_platform_device_count=4 --xla_cpu_use_fusion_emitters=false"
+    for named in ("--xla_cpu_use_fusion_emitters=true", "--xla_cpu_use_fusion_emitters=false"):
+        environ = {"XLA_FLAGS": named}
+        assert _jax.fast_cpu_compiles(environ) is False and environ == {"XLA_FLAGS": named}
+
+
+def test_the_cli_run_compiles_jax_with_the_fast_flag_and_reports_it(tmp_path):
+    """The flag reaches the process that runs the cells (here --jobs 1: the CLI's own) and the report's environment
+    records it."""
+    pytest.importorskip("jax")
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    out = subprocess.run(
+        [sys.executable, "-m", "conformance", "run", "--adapter", "jax:xla", "--dtype", "float32", "--case",
+         "vanilla/self/basic", "--jobs", "1", "--no-progress", "--report", str(tmp_path / "r")],
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "r" / "results.jsonl").read_text().splitlines()]
+    assert rows and {r["environment"]["XLA_FLAGS"] for r in rows} == {"--xla_cpu_use_fusion_emitters=false"}
+
+
 def test_cli_run_headroom_fails_a_pass_past_the_battery_margin():
     """--headroom M (PREC-6's battery): every passing float64 check at margin <= M, or the run fails and names each
     check past it. numpy:blockwise sums the keys in three blocks: its margins are small but not zero."""

@@ -570,6 +570,7 @@ def test_unknown_kernels_and_bad_knobs_are_errors():
     for rows in (0, -1, 2.0, True):
         with pytest.raises(ValueError, match=re.escape(f"Tiles.query_rows: expected an int >= 1, got {rows!r}")):
             Tiles(query_rows=rows)
+    assert Tiles(query_rows=1).query_rows == 1  # the least valid knob: one query a tile
 
 
 # ------------------------------------------- a scheme with the two hooks no built-in scheme uses

@@ -21,6 +21,23 @@ def jax_available():
     return None
 
 
+#: XLA's CPU compiler without its fusion emitters (its older loop emitters: the same HLO, optimised alike, emitted
+#: as LLVM IR another way): a case's program compiles in about half the time (0.31 s where 0.72 s for
+#: alibi/self/window-1-2's forward and VJP). A CPU-only flag; the GPU backends never read it.
+FAST_CPU_COMPILES = "--xla_cpu_use_fusion_emitters=false"
+
+
+def fast_cpu_compiles(environ=os.environ) -> bool:
+    """Ask XLA's CPU compiler for ``FAST_CPU_COMPILES`` in this process and the ones it starts, unless XLA_FLAGS
+    already names the flag (``XLA_FLAGS=--xla_cpu_use_fusion_emitters=true`` keeps the default emitters). Read by
+    XLA when JAX starts its CPU backend: call it before. True when it was added."""
+    flags = environ.get("XLA_FLAGS", "")
+    if "xla_cpu_use_fusion_emitters" in flags:
+        return False
+    environ["XLA_FLAGS"] = f"{flags} {FAST_CPU_COMPILES}".strip()
+    return True
+
+
 #: A folder for XLA's compilation cache shared by the processes of one run (pytest-xdist
 #: workers): set by the test session; otherwise each process makes a fresh one.
 CACHE_ENV = "ATTNSPEC_JAX_CACHE_DIR"
@@ -56,6 +73,7 @@ def setup() -> dict:
         "jax_enable_x64": True,
         "default_matmul_precision": "highest",
         "backend": jax.default_backend(),
+        "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
     }
 
 
