@@ -1722,6 +1722,17 @@ def _kernel_cases() -> list[Case]:
     )
     # CAUSAL-1 top-left, more queries than keys: queries past the last key attend every key
     add(Case("causal/cross/lq8-lk5-top-left", ("CAUSAL-1", "POS-1"), C, Dims(2, 8, 5)))
+    # MASK-6 under a plain causal rule (no mask, no bias, default positions): the keys after a query keep the
+    # moderate fill's weight, so a kernel that cuts them off as it may under MASK-5 changes every row but the last
+    add(
+        Case(
+            "mask-fill/moderate/causal-plain",
+            ("MASK-6", "CAUSAL-1", "GRAD-1"),
+            replace(C, mask_fill=-1.5),
+            Dims(2, 6, 6),
+            self_attention=True,
+        )
+    )
     # CAUSAL-1 top-left with a window's left bound (WINDOW-1) and more queries than keys: query i keeps the keys
     # i - 1 .. i, so the last query (i = Lk + 1) has none (MASK-5), a row that no causal rule alone empties, and
     # the one before it keeps one key: a kernel's test for empty rows is off by one if either side changes
