@@ -729,3 +729,12 @@ def test_merged_baselines_unite_the_cells_of_each_line_and_span():
         "reach": [["m.py", 1, [-1]], ["m.py", 2, [0, 3]], ["m.py", 5, [3]]],
         "spans": [["m.py", 2, 4, 2, 9, [0, 3]]],
     }
+
+
+def test_the_stored_jax_arguments_name_generated_mutants_and_functions(jax_mutants):
+    """campaign_data/jax_impl, likewise: its arguments and reasons name mutants and functions that exist."""
+    data = campaign.PACKAGES["jax_impl"].data_dir
+    equivalent = campaign.load_equivalent(data / "equivalent.json")
+    assert equivalent and set(equivalent) <= {m.id for m in jax_mutants}
+    unreached = campaign.load_unreached(data / "unreached.json")
+    assert unreached and set(unreached) <= {f"{m.id_file}:{m.function}" for m in jax_mutants}
