@@ -1647,9 +1647,9 @@ class Campaign:
     package: str = PACKAGE
     kernels: list = field(default_factory=list)  # the names of the kernels run (default: every kernel)
     adapters: dict = field(default_factory=dict)  # load name -> adapter name, for the adapters run
-    #: wall seconds of the children: "baseline", and per status of the mutants that ran; "<that> cpu": their CPU
-    #: seconds (not in the reports)
+    #: wall seconds of the children: "baseline", and per status of the mutants that ran (not in the reports)
     seconds: dict = field(default_factory=dict, compare=False)
+    cpu_seconds: dict = field(default_factory=dict, compare=False)  # their CPU seconds (user and system), likewise
     max_cells: Optional[int] = None  # --max-cells: a mutant ran at most this many of its cells
 
     def count(self, status: str) -> int:
@@ -1813,7 +1813,7 @@ def run_campaign(
     n = len(adapters)
     gc.freeze()  # what the parent holds now: no child's garbage collection touches (and so copies) it
     try:
-        baseline, seconds = _baseline(state, n, jobs)
+        baseline, seconds, cpu_seconds = _baseline(state, n, jobs)
         if baseline is None or "lines" not in baseline or baseline.get("failures"):
             problem = (baseline or {}).get("failures") or [(baseline or {}).get("killed") or baseline]
             raise RuntimeError(f"the unmutated {p.name} does not pass the selected cases: {problem[:3]}")
@@ -1850,7 +1850,7 @@ def run_campaign(
             outcomes[m.id] = Outcome(m, "survived", adapters=ran, cells=counted)
         status = outcomes[m.id].status
         seconds[status] = seconds.get(status, 0.0) + wall
-        seconds[f"{status} cpu"] = seconds.get(f"{status} cpu", 0.0) + cpu
+        cpu_seconds[status] = cpu_seconds.get(status, 0.0) + cpu
     ordered = [outcomes[m.id] for m in mutants]
     stale = stale_equivalent(equivalent, ordered, [p.id_prefix + f for f in chosen_files], mutant_patterns)
     return Campaign(
@@ -1865,6 +1865,7 @@ def run_campaign(
         chosen_kernels,
         adapter_names,
         seconds,
+        cpu_seconds,
         max_cells,
     )
 
@@ -1872,7 +1873,8 @@ def run_campaign(
 def _baseline(state: "_State", adapters: int, jobs: int = 1) -> tuple:
     """The unmutated package through every cell under the tracer, in ``jobs`` children that split the cases
     between them (every adapter of a case in one child): (their results merged, {"baseline": the wall seconds
-    of the slowest}). A child's result lacking "lines" (a kill, a crash) is returned as it is."""
+    of the slowest}, {"baseline": their CPU seconds}). A child's result lacking "lines" (a kill, a crash) is
+    returned as it is."""
     pool = _Pool(state, jobs, BASELINE_TIMEOUT)
     outcomes: dict = {}
     try:
@@ -1885,12 +1887,13 @@ def _baseline(state: "_State", adapters: int, jobs: int = 1) -> tuple:
                 outcomes[index] = outcome
     finally:
         pool.close()
-    seconds = {"baseline": max(pool.seconds.values(), default=0.0), "baseline cpu": sum(pool.cpu.values())}
+    seconds = {"baseline": max(pool.seconds.values(), default=0.0)}
+    cpu_seconds = {"baseline": sum(pool.cpu.values())}
     results = [outcomes.get(index) for index in sorted(outcomes, reverse=True)]
     broken = next((r for r in results if r is None or "lines" not in r), None)
     if broken is not None or not results:
-        return broken, seconds
-    return _merge_baselines(results), seconds
+        return broken, seconds, cpu_seconds
+    return _merge_baselines(results), seconds, cpu_seconds
 
 
 #: The unmutated run's children may run long (every cell, under the tracer).
@@ -2478,9 +2481,7 @@ def _summary(c: Campaign, report_dir: pathlib.Path, elapsed: float) -> bool:
         f"{t['unreached']} unreached, {t['error-on-build']} errors on build ({elapsed:.0f} s)"
     )
     if c.seconds:
-        wall = {k: t for k, t in c.seconds.items() if not k.endswith(" cpu")}
-        cpu = {k[: -len(" cpu")]: t for k, t in c.seconds.items() if k.endswith(" cpu")}
-        for what, times in (("wall", wall), ("CPU", cpu)):
+        for what, times in (("wall", c.seconds), ("CPU", c.cpu_seconds)):
             spent = ", ".join(f"{status} {t:.0f} s" for status, t in times.items() if status != "baseline")
             print(f"  children's {what} time: the unmutated run {times.get('baseline', 0.0):.0f} s; mutants {spent}")
     for i, why in c.stale:

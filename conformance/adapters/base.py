@@ -95,6 +95,12 @@ REFERENCE_FEATURES = frozenset({"rejects-bad-bias-values", "validates-vjp-input"
 DTYPES = ("float64", "float32", "bfloat16", "float16")
 
 
+def few_tiles(n: int, tiles: int, least: int = 1) -> int:
+    """The rows of a tile that cuts ``n`` rows into about ``tiles`` tiles, at least ``least``:
+    ``max(least, ceil(n / tiles))`` (the mutation campaign's small-tile adapters, torch's and jax's)."""
+    return max(least, -(-n // tiles))
+
+
 def fused_missing(kernel: str) -> dict:
     """What a fused kernel that computes Shaw's tables at default positions (torch_impl's ``triton``, jax_impl's
     ``pallas``) cannot be asked for: feature -> the reason, for ``Capabilities.notes``."""

@@ -19,7 +19,7 @@ from typing import ClassVar, Optional
 import numpy as np
 
 from . import _jax
-from .base import FEATURES, Capabilities, fused_missing
+from .base import FEATURES, Capabilities, few_tiles, fused_missing
 
 DIFF_INPUTS = ("query", "key", "value", "bias")
 
@@ -201,10 +201,6 @@ class JaxTilesAdapter(JaxImplAdapter):
     implementation = "tiles"
 
 
-def _ceil_div(n: int, d: int) -> int:
-    return -(-n // d)
-
-
 class JaxSmallTilesAdapter(JaxTilesAdapter):
     """The tiles kernel cut into a few query tiles per call, whatever its size (the mutation campaign's jax:tiles).
 
@@ -237,7 +233,7 @@ class JaxSmallTilesAdapter(JaxTilesAdapter):
     @classmethod
     def query_rows(cls, Lq: int) -> int:
         """T = max(2, ceil(Lq / 3))."""
-        return max(cls.MIN_ROWS, _ceil_div(Lq, cls.QUERY_TILES))
+        return few_tiles(Lq, cls.QUERY_TILES, cls.MIN_ROWS)
 
     def kernel_name(self, spec, inputs):
         """The kernel object of this call: ``Tiles(query_rows=T)`` (hashable, so one program per case and T)."""
@@ -317,7 +313,7 @@ class JaxSmallBlocksPallasAdapter(JaxPallasAdapter):
     @classmethod
     def blocks(cls, Lq: int, Lk: int) -> tuple:
         """(BQ, BK): the largest powers of two at most ceil(Lq / 3) and ceil(Lk / 2)."""
-        return _pow2_at_most(_ceil_div(Lq, cls.QUERY_BLOCKS)), _pow2_at_most(_ceil_div(Lk, cls.KEY_BLOCKS))
+        return _pow2_at_most(few_tiles(Lq, cls.QUERY_BLOCKS)), _pow2_at_most(few_tiles(Lk, cls.KEY_BLOCKS))
 
     def kernel_name(self, spec, inputs):
         """The kernel object of this call (hashable, so one program per case and block sizes)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import ClassVar, Optional
 
 from . import _torch
-from .base import FEATURES, Capabilities
+from .base import FEATURES, Capabilities, few_tiles
 
 KWARGS = ("mask", "bias", "q_positions", "k_positions", "dropout_keep")
 DENSE = ("query", "key", "value", "bias")
@@ -127,7 +127,7 @@ class TorchSmallTilesAdapter(TorchTilesAdapter):
 
         Lq = inputs["query"].shape[1]
         Lk = inputs.get("key", inputs["query"]).shape[1]
-        rows = max(self.MIN_ROWS, -(-Lq // self.QUERY_TILES))
+        rows = few_tiles(Lq, self.QUERY_TILES, self.MIN_ROWS)
         return Tiles(elements=self.PAIRS * rows * Lk, query_rows=rows, min_rows=self.MIN_ROWS)
 
 
