@@ -399,6 +399,18 @@ def _cases() -> list[Case]:
             recipes=(Bias("1HQK"), Mask("B1QK", empty_rows=1)),
         )
     )
+    # a fill far below the logits on a row with no allowed key (MASK-6): its weights are uniform over every key,
+    # and so its value term (SHAW-4); a kernel that takes the value term's weights from a log-sum-exp rounded at
+    # the fill's magnitude (1e9: a unit in the last place is 64 in float32, 1.2e-7 in float64) gets them wrong
+    add(
+        Case(
+            "shaw/k2/cross/mask-fill-1e9-fully-masked-row",
+            REL + SHAW + ("MASK-6", "GRAD-2"),
+            replace(S2, mask_fill=-1e9),
+            CROSS,
+            recipes=(Mask("B1QK", empty_rows=1),),
+        )
+    )
     add(
         Case(
             "shaw/k2/cross/ragged-heads-per-head",
