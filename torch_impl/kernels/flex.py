@@ -230,7 +230,7 @@ def attention(kernel: Flex, spec, params: dict, q, k, v, call: _core.Call) -> to
         shifted,
     )
     table = params["rel_v"].to(stat)  # (R, dv) | (H, R, dv), REL-2, HEAD-4
-    term = buckets @ (table if table.dim() == 2 else table.unsqueeze(0))
+    term = buckets @ table  # (B, H, Lq, R) @ (R, dv) | (H, R, dv): matmul broadcasts either over (B, H)
     return (o.to(stat) + term).to(o.dtype)  # SHAW-4: added to the weighted values, one rounding
 
 
@@ -248,7 +248,8 @@ class _Band(NamedTuple):
 def _band(spec, distances: tuple, q, k, score_mod, stat, allowed) -> _Band:
     """The band's logits s q_i . k_j through ``score_mod`` (every other term, the masks), k a strided view of
     itself padded at both ends (nothing copied, nothing of shape (Lq, n, d) built); ``allowed`` the call's
-    allowed keys (MASK-4) or None."""
+    allowed keys (MASK-4) or None. The value term's weights are these logits' (SHAW-4), shifted by a number
+    per row that the masks and ``mask_fill`` decide (MASK-5, MASK-6)."""
     lo, hi, edges = distances
     B, H, Lq, d = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
