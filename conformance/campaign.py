@@ -27,13 +27,15 @@ Packages and kernels (``PACKAGES``; the command line picks them):
   as above;
 - ``torch_impl`` (``--package torch_impl``; one kernel: ``--kernel
   torch:eager``, ``--kernel torch:tiles``, ``--kernel torch:sdpa``,
-  repeatable): the three kernels' own files (``kernels/eager.py``,
-  ``kernels/tiles.py``, ``kernels/sdpa.py``) and the code they share
-  (``_core.py``, ``_checks.py``, ``_workspace.py``, ``functional.py``,
+  ``--kernel torch:flex``, repeatable): the four kernels' own files
+  (``kernels/eager.py``, ``kernels/tiles.py``, ``kernels/sdpa.py``,
+  ``kernels/flex.py``) and the code they share (``_core.py``,
+  ``_checks.py``, ``_workspace.py``, ``functional.py``,
   ``kernels/__init__.py``, ``kernels/_base.py``, ``schemes/*.py``), run
-  through the adapters ``torch:eager``, ``torch:sdpa``, and
-  ``torch:tiles-small`` and ``torch:tiles`` (the tiles kernel) on cpu, same
-  cases and dtypes. ``torch:tiles-small``
+  through the adapters ``torch:eager``, ``torch:sdpa``, ``torch:flex``
+  (FlexAttention called eagerly and outside Dynamo, ``_torch_child``;
+  forward cells: PyTorch has no FlexAttention backward on a CPU), and ``torch:tiles-small`` and
+  ``torch:tiles`` (the tiles kernel) on cpu, same cases and dtypes. ``torch:tiles-small``
   (``conformance.adapters.torch_impl_adapter.TorchSmallTilesAdapter``) is
   the tiles kernel with its knobs sized to each call so that it runs a few
   query tiles and (batch, head) groups, and causal tiles skip keys: with the
@@ -411,12 +413,23 @@ class Package:
         return next(k for k in self.kernels if k.name == name)
 
 
-def _one_torch_thread() -> None:
+def _torch_child() -> None:
     """A child's PyTorch runs its operations on one thread: two children share the two cores, and no child
-    inherits a thread pool from the parent (which never ran an operation)."""
+    inherits a thread pool from the parent (which never ran an operation).
+
+    And FlexAttention (torch:flex) runs its operator in Python, not under ``torch.compile(backend="eager")``,
+    which eager ``flex_attention`` otherwise wraps it in (PyTorch's ``_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG``):
+    the same operations on the same tensors (the forward; the CPU has no backward), but Python's line tracer
+    sees the score_mod's lines run per cell, where Dynamo's compiled frames hide them (the unmutated run would
+    record the scheme hooks as reached only by the cells that call them outside FlexAttention, and a mutant
+    there would skip the cells that run it), and a cell takes a fifth of the time (4.1 s where 22.1 s for
+    the float32 cells of shaw/* and alibi/*). The compiled path itself is certified by ``conformance run
+    --adapter torch:flex``."""
     import torch
+    import torch.nn.attention.flex_attention as flex
 
     torch.set_num_threads(1)
+    flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
 
 
 def _jax_before_fork() -> None:
@@ -473,9 +486,18 @@ PACKAGES: dict = {
                     "put a catalog case in one tile",
                 ),
                 KernelScope("torch:sdpa", ("torch:sdpa",), ("kernels/sdpa.py",)),
+                KernelScope(
+                    "torch:flex",
+                    ("torch:flex",),
+                    ("kernels/flex.py",),
+                    note="FlexAttention called eagerly (Flex(compiled=False), what torch:flex runs on a CPU) and "
+                    "in Python, outside Dynamo (as its debug flag asks): the same score_mod and log-sum-exp as "
+                    "the compiled kernel, forward cells only (PyTorch has no FlexAttention backward on a CPU)",
+                ),
             ),
-            # the kernels the three adapters run and what they share; not the fused kernels (flex, triton),
-            # the ring, the nn.Module and interop, whose adapters and tests are elsewhere
+            # the kernels the four adapters run and what they share; not the triton kernel (its programs run
+            # through Triton's interpreter: tests/test_torch_triton.py and .ci/run's torch:triton line), the
+            # ring, the nn.Module and interop, whose adapters and tests are elsewhere
             included=(
                 "_checks.py",
                 "_core.py",
@@ -484,6 +506,7 @@ PACKAGES: dict = {
                 "kernels/__init__.py",
                 "kernels/_base.py",
                 "kernels/eager.py",
+                "kernels/flex.py",
                 "kernels/sdpa.py",
                 "kernels/tiles.py",
                 "schemes/*.py",
@@ -491,9 +514,14 @@ PACKAGES: dict = {
             dialect=TORCH_DIALECT,
             id_prefix="torch_impl/",
             # torch_impl.ring imports torch.distributed; the first backward imports symbolic_shapes (and sympy):
-            # 0.4 s that each child would pay again
-            preload=("torch", "torch.distributed", "torch.fx.experimental.symbolic_shapes"),
-            child_setup=_one_torch_thread,
+            # 0.4 s that each child would pay again; FlexAttention's module, whose debug flag the child sets
+            preload=(
+                "torch",
+                "torch.distributed",
+                "torch.fx.experimental.symbolic_shapes",
+                "torch.nn.attention.flex_attention",
+            ),
+            child_setup=_torch_child,
             cell_reach=True,
             subdir="torch_impl",
         ),

@@ -364,10 +364,10 @@ def parser() -> argparse.ArgumentParser:
         "catalog (POSIX: forks per mutant)",
         description="AST mutants of a package run against the catalog, each in a forked child (POSIX). Default: "
         "numpy_ref through the numpy and numpy:blockwise adapters. --package torch_impl (or --kernel torch:eager, "
-        "torch:tiles, torch:sdpa) mutates torch_impl's kernels and the code they share, run through those "
-        "kernels' adapters (the tiles kernel also cut into tiles of a few rows); --package jax_impl (or --kernel "
-        "jax:xla, jax:tiles, jax:pallas) jax_impl's, its tiles kernel cut into a few query tiles and its pallas "
-        "kernel into a few blocks per call. See conformance/campaign.py.",
+        "torch:tiles, torch:sdpa, torch:flex) mutates torch_impl's kernels and the code they share, run through "
+        "those kernels' adapters (the tiles kernel also cut into tiles of a few rows, flex eager); --package "
+        "jax_impl (or --kernel jax:xla, jax:tiles, jax:pallas) jax_impl's, its tiles kernel cut into a few query "
+        "tiles and its pallas kernel into a few blocks per call. See conformance/campaign.py.",
     )
     camp.add_argument(
         "--package",
@@ -378,7 +378,7 @@ def parser() -> argparse.ArgumentParser:
         "--kernel",
         action="append",
         help="one kernel to mutate, with the shared code it runs: numpy, torch:eager, torch:tiles, torch:sdpa, "
-        "jax:xla, jax:tiles or jax:pallas (repeatable)",
+        "torch:flex, jax:xla, jax:tiles or jax:pallas (repeatable)",
     )
     camp.add_argument(
         "--all", action="store_true", help="every package and kernel (numpy_ref, then torch_impl, then jax_impl)"

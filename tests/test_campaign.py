@@ -423,8 +423,9 @@ def test_kernel_mutant_ids_are_prefixed_with_their_package(torch_mutants, refere
     from spec import rule_ids
 
     files = set(campaign.scope_files(package="torch_impl"))
-    assert {"kernels/eager.py", "kernels/tiles.py", "kernels/sdpa.py", "kernels/_base.py", "_core.py"} <= files
-    assert {"functional.py", "schemes/shaw.py"} <= files and not {"kernels/flex.py", "kernels/fused.py"} & files
+    assert {"kernels/eager.py", "kernels/tiles.py", "kernels/sdpa.py", "kernels/flex.py", "_core.py"} <= files
+    assert {"functional.py", "schemes/shaw.py", "kernels/_base.py"} <= files
+    assert not {"kernels/fused.py", "kernels/_fused_program.py", "ring.py", "module.py"} & files
     ids = [m.id for m in torch_mutants]
     assert len(ids) == len(set(ids)) and not set(ids) & {m.id for m in reference_mutants}
     known = set(rule_ids())
@@ -436,7 +437,7 @@ def test_kernel_mutant_ids_are_prefixed_with_their_package(torch_mutants, refere
         assert m.rules and set(m.rules) <= known, m.id
     assert not any(m.id.startswith("numpy_ref/") for m in reference_mutants)  # numpy_ref's ids stay as stored
     assert campaign.kernel_files(sorted(files), "torch_impl", ["torch:sdpa"]) == sorted(
-        files - {"kernels/eager.py", "kernels/tiles.py"}
+        files - {"kernels/eager.py", "kernels/tiles.py", "kernels/flex.py"}
     )
 
 
@@ -553,8 +554,8 @@ def test_the_torch_report_has_a_row_per_kernel_and_file(torch_campaign, tmp_path
 def test_bad_packages_and_kernels_are_named(capsys):
     assert cli.main(["campaign", "--kernel", "torch:nope", "--list"]) == 2
     assert capsys.readouterr().err.strip() == (
-        "conformance: --kernel: expected one of numpy, torch:eager, torch:tiles, torch:sdpa, jax:xla, jax:tiles, "
-        "jax:pallas, got 'torch:nope'"
+        "conformance: --kernel: expected one of numpy, torch:eager, torch:tiles, torch:sdpa, torch:flex, jax:xla, "
+        "jax:tiles, jax:pallas, got 'torch:nope'"
     )
     assert cli.main(["campaign", "--package", "jax", "--list"]) == 2
     assert capsys.readouterr().err.strip() == (
@@ -570,7 +571,7 @@ def test_bad_packages_and_kernels_are_named(capsys):
     with pytest.raises(ValueError, match=r"^--package: expected one of numpy_ref, torch_impl, jax_impl, got 'torch'$"):
         campaign.run_campaign(package="torch")
     with pytest.raises(ValueError, match=r"^--target: expected a file of torch_impl/ in the campaign's scope "):
-        campaign.select_targets(["kernels/flex.py"], campaign.scope_files(package="torch_impl"), "torch_impl")
+        campaign.select_targets(["kernels/fused.py"], campaign.scope_files(package="torch_impl"), "torch_impl")
 
 
 def test_cli_lists_a_kernel_and_a_package_named_by_its_prefix(capsys):
