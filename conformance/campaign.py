@@ -34,8 +34,9 @@ Packages and kernels (``PACKAGES``; the command line picks them):
   ``kernels/__init__.py``, ``kernels/_base.py``, ``schemes/*.py``), run
   through the adapters ``torch:eager``, ``torch:sdpa``, ``torch:flex``
   (FlexAttention called eagerly and outside Dynamo, ``_torch_child``;
-  forward cells: PyTorch has no FlexAttention backward on a CPU), and ``torch:tiles-small`` and
-  ``torch:tiles`` (the tiles kernel) on cpu, same cases and dtypes. ``torch:tiles-small``
+  forward cells: PyTorch has no FlexAttention backward on a CPU), and
+  ``torch:tiles-small`` and ``torch:tiles`` (the tiles kernel) on cpu, same
+  cases and dtypes. ``torch:tiles-small``
   (``conformance.adapters.torch_impl_adapter.TorchSmallTilesAdapter``) is
   the tiles kernel with its knobs sized to each call so that it runs a few
   query tiles and (batch, head) groups, and causal tiles skip keys: with the
@@ -413,6 +414,10 @@ class Package:
         return next(k for k in self.kernels if k.name == name)
 
 
+#: PyTorch's switch that runs eager FlexAttention's operator in Python instead of under Dynamo (_torch_child)
+FLEX_EAGER_FLAG = "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG"
+
+
 def _torch_child() -> None:
     """A child's PyTorch runs its operations on one thread: two children share the two cores, and no child
     inherits a thread pool from the parent (which never ran an operation).
@@ -429,7 +434,9 @@ def _torch_child() -> None:
     import torch.nn.attention.flex_attention as flex
 
     torch.set_num_threads(1)
-    flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
+    if not hasattr(flex, FLEX_EAGER_FLAG):  # set anyway, it would change nothing: the reach would be wrong again
+        raise RuntimeError(f"torch.nn.attention.flex_attention has no {FLEX_EAGER_FLAG} in PyTorch {torch.__version__}")
+    setattr(flex, FLEX_EAGER_FLAG, True)
 
 
 def _jax_before_fork() -> None:

@@ -739,3 +739,22 @@ def test_the_stored_jax_arguments_name_generated_mutants_and_functions(jax_mutan
     assert equivalent and set(equivalent) <= {m.id for m in jax_mutants}
     unreached = campaign.load_unreached(data / "unreached.json")
     assert unreached and set(unreached) <= {f"{m.id_file}:{m.function}" for m in jax_mutants}
+
+
+def test_a_torch_child_runs_flex_outside_dynamo_or_says_the_switch_is_gone(monkeypatch):
+    """The torch children run eager FlexAttention in Python (the line tracer sees its score_mod); a PyTorch
+    without the switch stops the campaign instead of tracing too few cells."""
+    import torch
+    import torch.nn.attention.flex_attention as flex
+
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # this process keeps its threads
+    monkeypatch.setattr(flex, campaign.FLEX_EAGER_FLAG, False)
+    campaign._torch_child()
+    assert getattr(flex, campaign.FLEX_EAGER_FLAG) is True
+    monkeypatch.delattr(flex, campaign.FLEX_EAGER_FLAG)
+    with pytest.raises(
+        RuntimeError,
+        match=r"^torch\.nn\.attention\.flex_attention has no "
+        r"_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG in PyTorch ",
+    ):
+        campaign._torch_child()
