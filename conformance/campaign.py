@@ -1686,6 +1686,7 @@ class Campaign:
     seconds: dict = field(default_factory=dict, compare=False)
     cpu_seconds: dict = field(default_factory=dict, compare=False)  # their CPU seconds (user and system), likewise
     max_cells: Optional[int] = None  # --max-cells: a mutant ran at most this many of its cells
+    trust_arguments: bool = False  # --trust-arguments: the argued mutants were built, not run
 
     def count(self, status: str) -> int:
         return sum(o.status == status for o in self.outcomes)
@@ -1788,6 +1789,7 @@ def run_campaign(
     package: str = PACKAGE,
     kernels: Optional[list] = None,
     max_cells: Optional[int] = None,
+    trust_arguments: bool = False,
 ) -> Campaign:
     """Generate, run and classify the mutants of one package (POSIX: each mutant runs in a forked child).
 
@@ -1797,8 +1799,10 @@ def run_campaign(
     ``kernels`` the names of its kernels to run (default: all; the files
     only other kernels run are then out of scope); ``max_cells`` the most
     cells a mutant runs, the first of its order (None: every cell that
-    evaluated it); ``progress(total, name)`` may return a callable that is
-    called with each mutant id as it finishes.
+    evaluated it); ``trust_arguments`` builds the argued mutants but runs
+    none of them (each is reported as argued, not run: no stale argument
+    of the "killed" kind can then show); ``progress(total, name)`` may
+    return a callable that is called with each mutant id as it finishes.
     """
     from .catalog import CASES
     from .runner import load_deviations
@@ -1812,6 +1816,8 @@ def run_campaign(
         raise _bad("--timeout", "a positive number of seconds", timeout)
     if max_cells is not None and (isinstance(max_cells, bool) or not isinstance(max_cells, int) or max_cells < 1):
         raise _bad("--max-cells", "an integer >= 1", max_cells)
+    if not isinstance(trust_arguments, bool):
+        raise _bad("--trust-arguments", "True or False", repr(trust_arguments))
     if package not in PACKAGES:
         raise _bad("--package", f"one of {', '.join(PACKAGES)}", repr(package))
     p = PACKAGES[package]
@@ -1864,7 +1870,8 @@ def run_campaign(
             runnable.append(m)
             cells.append(allowed)
         step = progress(len(runnable), p.name) if progress else None
-        results, took = _run_mutants(state, runnable, cells, jobs, timeout, root, sources, step)
+        trusted = {i for i, m in enumerate(runnable) if m.id in equivalent} if trust_arguments else set()
+        results, took = _run_mutants(state, runnable, cells, jobs, timeout, root, sources, step, trusted)
     finally:
         gc.unfreeze()
     for m, allowed, result, (wall, cpu) in zip(runnable, cells, results, took):
@@ -1880,7 +1887,9 @@ def run_campaign(
             status = "killed" if killed.get("by_rule", True) else "killed-unclaimed"
             outcomes[m.id] = Outcome(m, status, killed_by=killed, adapter=adapter, adapters=ran, cells=counted)
         elif m.id in equivalent:
-            outcomes[m.id] = Outcome(m, "equivalent", argument=equivalent[m.id], adapters=ran, cells=counted)
+            outcomes[m.id] = Outcome(
+                m, "equivalent", argument=equivalent[m.id], adapters=ran, cells=counted, message=result.get("trusted")
+            )
         else:
             outcomes[m.id] = Outcome(m, "survived", adapters=ran, cells=counted)
         status = outcomes[m.id].status
@@ -1902,6 +1911,7 @@ def run_campaign(
         seconds,
         cpu_seconds,
         max_cells,
+        trust_arguments,
     )
 
 
@@ -2072,9 +2082,15 @@ def _instruction_spans(source: str, rel: str) -> dict:
     return out
 
 
-def _run_mutants(state, runnable, cells, jobs, timeout, root, sources, step) -> tuple:
+#: The result of an argued mutant that ``--trust-arguments`` builds but does not run (its report's message).
+TRUSTED = "not run (--trust-arguments): argued equivalent, built only"
+
+
+def _run_mutants(state, runnable, cells, jobs, timeout, root, sources, step, trusted=frozenset()) -> tuple:
     """Run every mutant; mutant i orders the cases by the kills of mutants 0 .. i - WINDOW, and runs the cells of
-    ``cells[i]`` (None: all) in that order. (results, (wall, CPU) seconds of each child)"""
+    ``cells[i]`` (None: all) in that order; a mutant whose index is in ``trusted`` is built and not run (it kills
+    nothing, as a survivor would: the others' order is the same either way). (results, (wall, CPU) seconds of
+    each child)"""
     n = len(runnable)
     results: list = [None] * n
     kills = [0] * len(state.cases)
@@ -2098,6 +2114,12 @@ def _run_mutants(state, runnable, cells, jobs, timeout, root, sources, step) -> 
                     module = _compile(m, root, sources)
                 except Exception as e:
                     results[next_index] = {"build": _describe_exception(e)}
+                    if step:
+                        step(m.id)
+                    next_index += 1
+                    continue
+                if next_index in trusted:
+                    results[next_index] = {"trusted": TRUSTED}
                     if step:
                         step(m.id)
                     next_index += 1
@@ -2172,7 +2194,7 @@ def _how_it_runs(c: Campaign) -> str:
             "Each mutant is one "
             "AST change of a numpy_ref file, run against the conformance catalog with the `numpy` adapter on cpu, "
             "each case in float64 (float32 where it is stored in float32 only); it is killed when a check claiming a "
-            "rule its function's docstring names fails. "
+            "rule its function's docstring names fails. " + _trust_note(c)
         )
     names = ", ".join(f"`{c.adapters.get(a, a)}`" for a in p.adapters if a in c.adapters)
     notes = " ".join(f"{k.name} runs {k.note}." for k in p.kernels if k.note and k.name in c.kernels)
@@ -2187,6 +2209,16 @@ def _how_it_runs(c: Campaign) -> str:
             if c.max_cells
             else ""
         )
+        + _trust_note(c)
+    )
+
+
+def _trust_note(c: Campaign) -> str:
+    if not c.trust_arguments:
+        return ""
+    return (
+        "The argued mutants were built and not run (--trust-arguments): each stands on its argument alone, and "
+        "an argument whose mutant a check now kills shows only in a run without that option. "
     )
 
 
@@ -2369,6 +2401,7 @@ def report_json(c: Campaign) -> dict:
             "checks": c.checks,
             "cases_without_float64_or_float32": c.other_dtype_cases,
             "max_cells": c.max_cells,
+            "trust_arguments": c.trust_arguments,
         },
         "mutant_patterns": c.mutant_patterns,
         "adapter": names[0] if names else "numpy",
@@ -2497,6 +2530,7 @@ def main(args, progress=None) -> int:
             package=name,
             kernels=kernels,
             max_cells=getattr(args, "max_cells", None),
+            trust_arguments=getattr(args, "trust_arguments", False),
         )
         elapsed = time.monotonic() - started
         failed |= _summary(c, report_dir, elapsed)
@@ -2514,6 +2548,7 @@ def _summary(c: Campaign, report_dir: pathlib.Path, elapsed: float) -> bool:
         f"{t['killed']} killed by rule, {t['killed-unclaimed']} killed by checks claiming none of their rules, "
         f"{t['timeout']} timeouts, {t['survived']} survived, {t['equivalent']} equivalent, "
         f"{t['unreached']} unreached, {t['error-on-build']} errors on build ({elapsed:.0f} s)"
+        + (f"; the {t['equivalent']} argued were built, not run (--trust-arguments)" if c.trust_arguments else "")
     )
     if c.seconds:
         for what, times in (("wall", c.seconds), ("CPU", c.cpu_seconds)):

@@ -267,6 +267,32 @@ def test_stale_equivalence_arguments_are_reported(small_campaign, ids):
     assert campaign.stale_equivalent(gone, small_campaign.outcomes, ["masking.py"], ["masking.py:dead*"]) == []
 
 
+def test_trusted_arguments_are_built_not_run_and_the_others_run_as_always(small_campaign, ids, tmp_path):
+    """--trust-arguments: the argued mutants are equivalent by their arguments alone, so a wrong argument (the
+    dropped mask, which the full run kills) is not caught; the unargued mutants have the full run's outcomes."""
+    trusted = campaign.run_campaign(
+        targets=["masking.py", "params.py"],
+        mutant_patterns=[ids["inverted-max"], ids["mask-dropped"], ids["equivalent"], ids["unreached"]],
+        cases=[c for c in CASES if c.id in CASE_IDS],
+        jobs=2,
+        equivalent={ids["equivalent"]: "the fallback", ids["mask-dropped"]: "a wrong argument"},
+        trust_arguments=True,
+    )
+    full = {o.mutant.id: o for o in small_campaign.outcomes}
+    for o in trusted.outcomes:
+        if o.mutant.id in (ids["equivalent"], ids["mask-dropped"]):
+            assert (o.status, o.message, o.cells) == ("equivalent", campaign.TRUSTED, ()), o
+        else:
+            assert (o.status, o.killed_by) == (full[o.mutant.id].status, full[o.mutant.id].killed_by)
+    assert trusted.stale == [] and trusted.trust_arguments
+    assert trusted.seconds.get("equivalent", 0.0) == 0.0
+    campaign.write_reports(trusted, tmp_path)
+    assert json.loads((tmp_path / "report.json").read_text())["scope"]["trust_arguments"] is True
+    assert "built and not run (--trust-arguments)" in (tmp_path / "REPORT.md").read_text()
+    with pytest.raises(ValueError, match=r"^--trust-arguments: expected True or False, got 'yes'$"):
+        campaign.run_campaign(trust_arguments="yes")
+
+
 def test_a_mutant_past_its_timeout_is_killed_by_timeout(ids):
     c = campaign.run_campaign(
         targets=["masking.py"],
