@@ -68,7 +68,7 @@ def rotate(x, layout: str, rotary_dim: int, cos, sin):
         pairs = rot.reshape(rot.shape[:-1] + (half, 2))
         a, b = pairs[..., 0], pairs[..., 1]
         rot = jnp.stack([a * cos - b * sin, a * sin + b * cos], axis=-1).reshape(rot.shape)
-    return rot if rest.shape[-1] == 0 else jnp.concatenate([rot, rest], axis=-1)
+    return jnp.concatenate([rot, rest], axis=-1)  # rest may be empty (r == d)
 
 
 def rotate_at(scheme, x, positions):
