@@ -2114,12 +2114,10 @@ def _run_mutants(state, runnable, cells, jobs, timeout, root, sources, step, tru
                     module = _compile(m, root, sources)
                 except Exception as e:
                     results[next_index] = {"build": _describe_exception(e)}
-                    if step:
-                        step(m.id)
-                    next_index += 1
-                    continue
-                if next_index in trusted:
-                    results[next_index] = {"trusted": TRUSTED}
+                else:
+                    if next_index in trusted:
+                        results[next_index] = {"trusted": TRUSTED}
+                if results[next_index] is not None:  # did not build, or built and trusted: nothing to run
                     if step:
                         step(m.id)
                     next_index += 1
